@@ -1,0 +1,1 @@
+"""Engine: built by a later issue (see docs/ARCHITECTURE.md)."""

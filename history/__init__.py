@@ -1,0 +1,1 @@
+"""History: built by a later issue (see docs/ARCHITECTURE.md)."""

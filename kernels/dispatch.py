@@ -1,0 +1,152 @@
+"""Dispatch: the one call the engine makes per op.
+
+    kd = Dispatcher(mode="registry", registry=Registry(), device="cuda")
+    y = kd.rmsnorm(x, weight, eps)
+
+Per (op, dispatch key) the variant is resolved once and cached: the registry's entry for
+(device, dtype, shape bucket), else the op's baseline Triton kernel, else the torch reference.
+A variant that raises is demoted to the next in that chain for that key, and the call is retried.
+`reload()` re-reads the registry and swaps every op's cache in one assignment, so a call sees the
+old variants or the new ones, never a mix within one op.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping
+
+from kernels.device import device_fingerprint
+from kernels.errors import RegistryError
+from kernels.ops import OPS
+from kernels.registry import Entry, Registry, select_entry
+from kernels.spec import OpSpec, dtype_name
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["reference", "baseline", "registry"]
+MODES: tuple[str, ...] = ("reference", "baseline", "registry")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # "reference", "baseline" or "registry:<entry id>"
+    fn: Callable[..., Any]
+
+
+class OpDispatch:
+    """Callable for one op; holds that op's cache: dispatch key -> variant chain."""
+
+    def __init__(self, spec: OpSpec, owner: "Dispatcher"):
+        self.spec = spec
+        self._owner = owner
+        self._key = spec.dispatch_key
+        self._cache: dict[tuple, list[Variant]] = {}
+        self._where: dict[tuple, tuple[str, str]] = {}  # dispatch key -> (dtype name, bucket)
+
+    def __call__(self, *args: Any) -> Any:
+        key = self._key(*args)
+        chain = self._cache.get(key)
+        if chain is None:
+            chain = self._miss(key, args)
+        try:
+            return chain[0].fn(*args)
+        except Exception:
+            if len(chain) == 1:
+                raise
+            log.exception("%s variant %s failed; falling back to %s", self.spec.name, chain[0].name, chain[1].name)
+            self._cache = {**self._cache, key: chain[1:]}
+            return self(*args)
+
+    def _miss(self, key: tuple, args: tuple) -> list[Variant]:
+        where = (dtype_name(args[0].dtype), self.spec.bucket(self.spec.shape_of(*args)))
+        chain = self._owner.resolve(self.spec, *where)
+        self._where[key] = where
+        self._cache = {**self._cache, key: chain}
+        return chain
+
+    def re_resolve(self) -> dict[str, tuple[str, str]]:
+        """Resolve every cached key again; returns {"dtype bucket": (old, new)} that changed."""
+        fresh: dict[tuple, list[Variant]] = {}
+        changed: dict[str, tuple[str, str]] = {}
+        for key, chain in self._cache.items():
+            dtype, bucket = self._where[key]
+            fresh[key] = self._owner.resolve(self.spec, dtype, bucket)
+            if fresh[key][0].name != chain[0].name:
+                changed[f"{dtype} {bucket}"] = (chain[0].name, fresh[key][0].name)
+        self._cache = fresh  # one assignment: callers see the old cache or the new one
+        return changed
+
+    def variants_in_use(self) -> dict[str, str]:
+        """"dtype bucket" -> name of the variant serving it, for every shape seen so far."""
+        return {" ".join(self._where[key]): chain[0].name for key, chain in self._cache.items()}
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        mode: Mode = "registry",
+        registry: Registry | None = None,
+        device: str = "cpu",
+        ops: Mapping[str, OpSpec] = OPS,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"unknown kernel mode {mode!r}; expected one of {', '.join(MODES)}")
+        self.mode = mode
+        self.registry = registry if registry is not None else (Registry() if mode == "registry" else None)
+        self.device = device_fingerprint(device)
+        self.registry_error: str | None = None
+        self._entries = self._read_entries()
+        self._loaded: dict[str, Callable | None] = {}
+        self.ops: dict[str, OpDispatch] = {name: OpDispatch(spec, self) for name, spec in ops.items()}
+        for name, op in self.ops.items():
+            setattr(self, name, op)  # kd.rmsnorm(...) without __getattr__ on the hot path
+
+    def __call__(self, op: str, *args: Any) -> Any:
+        return self.ops[op](*args)
+
+    def resolve(self, spec: OpSpec, dtype: str, bucket: str) -> list[Variant]:
+        """The fallback chain for (op, dtype, bucket) on this device: [registry entry], baseline, reference."""
+        reference = Variant("reference", spec.reference)
+        if self.mode == "reference":
+            return [reference]
+        chain = [Variant("baseline", spec.forward), reference]
+        if self.mode == "registry":
+            entry = select_entry(self._entries, spec.name, self.device, dtype, bucket)
+            fn = self._load(entry) if entry is not None else None
+            if fn is not None:
+                chain.insert(0, Variant(f"registry:{entry.id}", fn))
+        return chain
+
+    def reload(self) -> dict[str, dict[str, tuple[str, str]]]:
+        """Re-read the registry and re-resolve every cached shape.
+
+        Returns {op: {"dtype bucket": (old variant, new variant)}} for what changed. Call it
+        between batches; each op's cache is swapped in one assignment.
+        """
+        self._entries = self._read_entries()
+        changed = {name: op.re_resolve() for name, op in self.ops.items()}
+        return {name: c for name, c in changed.items() if c}
+
+    def variants_in_use(self) -> dict[str, dict[str, str]]:
+        """op -> {"dtype bucket": variant name} for every shape dispatched so far."""
+        return {name: op.variants_in_use() for name, op in self.ops.items()}
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _read_entries(self) -> list[Entry]:
+        if self.mode != "registry" or self.registry is None:
+            return []
+        try:
+            entries = self.registry.entries()
+            self.registry_error = None
+            return entries
+        except RegistryError as exc:
+            self.registry_error = str(exc)
+            log.error("%s", exc)
+            return []
+
+    def _load(self, entry: Entry) -> Callable | None:
+        if entry.sha256 not in self._loaded:
+            self._loaded[entry.sha256] = self.registry.load(entry)
+        return self._loaded[entry.sha256]

@@ -1,0 +1,133 @@
+"""fused_add_rmsnorm(x, residual, weight, eps) -> (y, residual_out), x and residual: [..., N].
+
+residual_out = x + residual (fp32 add, rounded to the input dtype); y = rmsnorm(residual_out) * weight,
+computed from the rounded residual_out, so y is exactly the rmsnorm of the returned residual.
+Out-of-place: both outputs are new tensors and the inputs are left untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.models import ENGINE_TOKENS, MODELS
+from kernels.ops.rmsnorm import MAX_FUSED_SIZE, num_warps_for, rows_view
+from kernels.spec import Cost, OpSpec, Shape, Tolerance, size_class
+
+
+def reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r = (x.float() + residual.float()).to(x.dtype)
+    rf = r.float()
+    y = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(x.dtype), r
+
+
+@triton.jit
+def _fused_add_rmsnorm_kernel(
+    x_ptr, res_ptr, w_ptr, y_ptr, r_out_ptr,
+    x_row_stride, res_row_stride, y_row_stride, r_out_row_stride,
+    n_cols, eps, BLOCK_N: tl.constexpr,
+):
+    # One program per row; the whole row stays in registers (BLOCK_N >= n_cols).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    res = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    r = (x + res).to(r_out_ptr.dtype.element_ty)
+    tl.store(r_out_ptr + row * r_out_row_stride + cols, r, mask=mask)
+    r = r.to(tl.float32)  # normalise the rounded sum, the value actually returned
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(r * r, axis=0) / n_cols + eps)
+    tl.store(y_ptr + row * y_row_stride + cols, (r * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def forward(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n = x.shape[-1]
+    if n > MAX_FUSED_SIZE:
+        raise ValueError(f"fused_add_rmsnorm: hidden size {n} exceeds {MAX_FUSED_SIZE}")
+    if residual.shape != x.shape:
+        raise ValueError(f"fused_add_rmsnorm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    x2, res2 = rows_view(x), rows_view(residual)
+    rows = x2.shape[0]
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    r_out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if rows > 0:
+        block = triton.next_power_of_2(n)
+        _fused_add_rmsnorm_kernel[(rows,)](
+            x2, res2, weight.contiguous(), y, r_out,
+            x2.stride(0), res2.stride(0), y.stride(0), r_out.stride(0),
+            n, eps, BLOCK_N=block, num_warps=num_warps_for(block),
+        )
+    return y.view(x.shape), r_out.view(x.shape)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tuple:
+    """x: an attention/MLP output (unit scale); residual: the residual stream (std 3, a few ~x20
+    outlier channels); weight: around 1 with spread."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    tokens, hidden = shape["tokens"], shape["hidden"]
+    x = torch.randn(tokens, hidden, generator=g)
+    residual = torch.randn(tokens, hidden, generator=g) * 3.0
+    outliers = torch.randint(0, hidden, (max(1, hidden // 512),), generator=g)
+    residual[:, outliers] *= 20.0
+    weight = 1.0 + 0.3 * torch.randn(hidden, generator=g)
+    return (
+        x.to(dtype=dtype, device=device),
+        residual.to(dtype=dtype, device=device),
+        weight.to(dtype=dtype, device=device),
+        1e-6,
+    )
+
+
+def shape_of(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> dict[str, int]:
+    return {"tokens": x.numel() // x.shape[-1], "hidden": x.shape[-1]}
+
+
+def dispatch_key(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple:
+    n = x.shape[-1]
+    return (x.dtype, n, size_class(x.numel() // n))
+
+
+def cost(shape: Shape, dtype: torch.dtype) -> Cost:
+    # Reads x, residual, weight; writes y, residual_out. FLOPs: add, square+sum, two multiplies.
+    t, n, es = shape["tokens"], shape["hidden"], dtype.itemsize
+    return Cost(bytes=(4 * t * n + n) * es, flops=5 * t * n)
+
+
+TOLERANCES = {
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
+}
+
+SPEC = OpSpec(
+    name="fused_add_rmsnorm",
+    signature="fused_add_rmsnorm(x, residual, weight, eps) -> (y, residual_out)",
+    summary=(
+        "Residual add then RMS norm over the last dim: x, residual [..., N], weight [N]; "
+        "residual_out = x + residual (rounded to dtype), y = rmsnorm(residual_out) * weight. Out-of-place."
+    ),
+    reference=reference,
+    forward=forward,
+    make_inputs=make_inputs,
+    shape_of=shape_of,
+    dispatch_key=dispatch_key,
+    cost=cost,
+    engine_shapes=tuple({"tokens": t, "hidden": m.hidden} for m in MODELS for t in ENGINE_TOKENS),
+    test_shapes=(
+        {"tokens": 1, "hidden": 64},
+        {"tokens": 3, "hidden": 33},
+        {"tokens": 4, "hidden": 1536},
+        {"tokens": 5, "hidden": 2880},
+        {"tokens": 2, "hidden": 5120},
+    ),
+    bucketed=frozenset({"tokens"}),
+    tolerances=TOLERANCES,
+    num_outputs=2,
+)

@@ -1,0 +1,174 @@
+"""rope(q, k, positions, cos_sin_cache) -> (q_out, k_out): NeoX-style rotary embedding.
+
+q [T, Hq, D], k [T, Hk, D] (any token/head strides, unit stride along D), positions [T] int64,
+cos_sin_cache [max_pos, D] float32: row p = cat(cos(p * inv_freq), sin(p * inv_freq)), each D/2 wide.
+With x1 = x[..., :D/2], x2 = x[..., D/2:]: out = cat(x1*cos - x2*sin, x2*cos + x1*sin), in x's dtype.
+The cache is float32 whatever the input dtype (the kernel also accepts a half cache, widened on load).
+Out-of-place: q_out and k_out are new contiguous tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.models import ENGINE_TOKENS, MODELS
+from kernels.spec import Cost, OpSpec, Shape, Tolerance, size_class
+
+ROPE_THETA = 500000.0  # Llama-3
+DEFAULT_MAX_POS = 8192 + 256  # make_inputs' cache length unless the shape gives `max_pos`
+MAX_TILE = 2048  # heads x D/2 elements handled per loop iteration
+
+
+def reference(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos_sin_cache.float()[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+@triton.jit
+def _rotate_heads(x_ptr, o_ptr, s_xt, s_xh, s_ot, s_oh, token, n_heads, cos, sin, half,
+                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # Rotate all n_heads heads of one token, BLOCK_H heads at a time; cos/sin: [1, BLOCK_HALF].
+    dims = tl.arange(0, BLOCK_HALF)[None, :]
+    dmask = dims < half
+    for h0 in range(0, n_heads, BLOCK_H):
+        heads = (h0 + tl.arange(0, BLOCK_H))[:, None]
+        mask = (heads < n_heads) & dmask
+        x_off = token * s_xt + heads * s_xh + dims
+        x1 = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_ptr + x_off + half, mask=mask, other=0.0).to(tl.float32)
+        o_off = token * s_ot + heads * s_oh + dims
+        ty = o_ptr.dtype.element_ty
+        tl.store(o_ptr + o_off, (x1 * cos - x2 * sin).to(ty), mask=mask)
+        tl.store(o_ptr + o_off + half, (x2 * cos + x1 * sin).to(ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cache_ptr,
+                 s_qt, s_qh, s_kt, s_kh, s_qot, s_qoh, s_kot, s_koh, s_cache,
+                 n_q_heads, n_k_heads, half,
+                 BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # One program per token: load its cos/sin row once, then rotate every q and k head.
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    dims = tl.arange(0, BLOCK_HALF)[None, :]
+    dmask = dims < half
+    cos = tl.load(cache_ptr + pos * s_cache + dims, mask=dmask, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * s_cache + half + dims, mask=dmask, other=0.0).to(tl.float32)
+    _rotate_heads(q_ptr, qo_ptr, s_qt, s_qh, s_qot, s_qoh, token, n_q_heads, cos, sin, half, BLOCK_H, BLOCK_HALF)
+    _rotate_heads(k_ptr, ko_ptr, s_kt, s_kh, s_kot, s_koh, token, n_k_heads, cos, sin, half, BLOCK_H, BLOCK_HALF)
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"rope: expected q [T, Hq, D], k [T, Hk, D]; got {tuple(q.shape)}, {tuple(k.shape)}")
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    if d % 2 or cos_sin_cache.shape[-1] != d:
+        raise ValueError(f"rope: head_dim {d} must be even and match the cache width {cos_sin_cache.shape[-1]}")
+    # Token and head strides are passed through (views into a fused qkv are fine); D must be unit-stride.
+    q_in = q if q.stride(-1) == 1 else q.contiguous()
+    k_in = k if k.stride(-1) == 1 else k.contiguous()
+    cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
+    q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
+    if t == 0:
+        return q_out, k_out
+    half = d // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = min(triton.next_power_of_2(max(hq, hk, 1)), max(1, MAX_TILE // block_half))
+    _rope_kernel[(t,)](
+        q_in, k_in, q_out, k_out, positions, cache,
+        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cache.stride(0),
+        hq, hk, half, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
+    )
+    return q_out, k_out
+
+
+def cos_sin_cache_for(max_pos: int, head_dim: int, theta: float = ROPE_THETA) -> torch.Tensor:
+    """[max_pos, head_dim] float32: cat(cos, sin) of p * theta^(-2i/head_dim), i < head_dim/2."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tuple:
+    """Unit-scale q/k, random positions below max_pos (DEFAULT_MAX_POS unless the shape says)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t, hq, hk, d = shape["tokens"], shape["q_heads"], shape["kv_heads"], shape["head_dim"]
+    max_pos = shape.get("max_pos", DEFAULT_MAX_POS)
+    q = torch.randn(t, hq, d, generator=g)
+    k = torch.randn(t, hk, d, generator=g)
+    positions = torch.randint(0, max_pos, (t,), generator=g, dtype=torch.int64)
+    cache = cos_sin_cache_for(max_pos, d)
+    return (
+        q.to(dtype=dtype, device=device),
+        k.to(dtype=dtype, device=device),
+        positions.to(device=device),
+        cache.to(device=device),
+    )
+
+
+def shape_of(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> dict[str, int]:
+    return {"tokens": q.shape[0], "q_heads": q.shape[1], "kv_heads": k.shape[1], "head_dim": q.shape[2]}
+
+
+def dispatch_key(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple:
+    return (q.dtype, q.shape[1], k.shape[1], q.shape[2], size_class(q.shape[0]))
+
+
+def cost(shape: Shape, dtype: torch.dtype) -> Cost:
+    # q and k read and written once; one int64 position and one float32 cache row per token.
+    # FLOPs: two multiplies and one add per output element.
+    t, hq, hk, d = shape["tokens"], shape["q_heads"], shape["kv_heads"], shape["head_dim"]
+    elems = t * (hq + hk) * d
+    return Cost(bytes=2 * elems * dtype.itemsize + t * 8 + t * d * 4, flops=3 * elems)
+
+
+TOLERANCES = {
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
+}
+
+SPEC = OpSpec(
+    name="rope",
+    signature="rope(q, k, positions, cos_sin_cache) -> (q_out, k_out)",
+    summary=(
+        "NeoX rotary embedding: q [T, Hq, D], k [T, Hk, D], positions [T] int64, cos_sin_cache "
+        "[max_pos, D] float32 (cos | sin halves); out = cat(x1*cos - x2*sin, x2*cos + x1*sin). Out-of-place."
+    ),
+    reference=reference,
+    forward=forward,
+    make_inputs=make_inputs,
+    shape_of=shape_of,
+    dispatch_key=dispatch_key,
+    cost=cost,
+    engine_shapes=tuple(
+        {"tokens": t, "q_heads": m.q_heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim}
+        for m in MODELS for t in ENGINE_TOKENS
+    ),
+    test_shapes=(
+        {"tokens": 1, "q_heads": 4, "kv_heads": 1, "head_dim": 64},
+        {"tokens": 3, "q_heads": 5, "kv_heads": 3, "head_dim": 48},
+        {"tokens": 4, "q_heads": 12, "kv_heads": 2, "head_dim": 128},
+        {"tokens": 5, "q_heads": 7, "kv_heads": 7, "head_dim": 80},
+        {"tokens": 2, "q_heads": 40, "kv_heads": 8, "head_dim": 128},
+    ),
+    bucketed=frozenset({"tokens"}),
+    tolerances=TOLERANCES,
+    num_outputs=2,
+)

@@ -1,0 +1,214 @@
+"""The kernel registry: a git repository holding `manifest.json` and content-addressed sources.
+
+Every change is one commit; a rollback is a new commit that undoes an earlier one (history is
+never rewritten). Writers hold an exclusive file lock, so a daemon and a CLI can't interleave.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import git
+
+from kernels.errors import RegistryError
+from kernels.registry.entry import Entry, Provenance, select_entry, sha256_text, utc_now
+from kernels.registry.loader import load_forward
+from kernels.registry.manifest import MANIFEST_NAME, atomic_write, parse_manifest, render_manifest
+
+log = logging.getLogger(__name__)
+
+ACTOR = git.Actor("kernelloop", "kernelloop@localhost")
+
+
+def default_registry_path() -> Path:
+    """$KERNELLOOP_REGISTRY, else $XDG_DATA_HOME/kernelloop/registry (~/.local/share/...)."""
+    if env := os.environ.get("KERNELLOOP_REGISTRY"):
+        return Path(env).expanduser()
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data_home) / "kernelloop" / "registry"
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    message: str
+    date: str
+
+
+class Registry:
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path).expanduser() if path is not None else default_registry_path()
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST_NAME
+
+    def exists(self) -> bool:
+        return self.manifest_path.exists()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def entries(self) -> list[Entry]:
+        """All entries; an absent registry has none. A corrupt one raises RegistryError."""
+        if not self.path.exists():
+            return []
+        if not self.path.is_dir():
+            raise RegistryError(f"registry path {self.path} is not a directory")
+        if not self.manifest_path.exists():
+            if any(self.path.iterdir()):
+                raise RegistryError(f"{self.path} is not a kernel registry (no {MANIFEST_NAME})")
+            return []
+        try:
+            text = self.manifest_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RegistryError(f"registry manifest {self.manifest_path} is unreadable ({exc})") from None
+        return parse_manifest(text, str(self.manifest_path))
+
+    def find(self, entry_id: str) -> Entry:
+        """The entry whose id (or a unique prefix of it) is `entry_id`."""
+        matches = [e for e in self.entries() if e.id.startswith(entry_id)]
+        if len(matches) != 1:
+            what = "no entry" if not matches else f"{len(matches)} entries"
+            raise RegistryError(f"{what} in {self.path} matches {entry_id!r}")
+        return matches[0]
+
+    def select(self, op: str, device: str, dtype: str, bucket: str) -> Entry | None:
+        """The entry serving this (op, device fingerprint, dtype, bucket); None means baseline."""
+        return select_entry(self.entries(), op, device, dtype, bucket)
+
+    def source(self, entry: Entry) -> str:
+        try:
+            return (self.path / entry.source_path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RegistryError(f"{entry.id}: source {entry.source_path} is unreadable ({exc})") from None
+
+    def load(self, entry: Entry) -> Callable | None:
+        """The entry's `forward`, or None (logged) when its source is missing, altered or broken."""
+        try:
+            return load_forward(self.source(entry), entry.sha256, entry.id)
+        except RegistryError as exc:
+            log.error("refusing registry kernel: %s; using the baseline", exc)
+            return None
+
+    def history(self, limit: int | None = None) -> list[Commit]:
+        if not (self.path / ".git").exists():
+            return []
+        repo = git.Repo(self.path)
+        return [
+            Commit(c.hexsha, c.message.strip(), c.committed_datetime.isoformat())
+            for c in repo.iter_commits(max_count=limit)
+        ]
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        op: str,
+        source: str,
+        *,
+        device: str,
+        dtype: str,
+        bucket: str,
+        speedup: float,
+        speedup_ci: tuple[float, float],
+        provenance: Provenance,
+        verified_at: str | None = None,
+    ) -> Entry:
+        """Store a verified kernel, replacing the entry for the same key; one commit."""
+        entry = Entry(
+            op=op, device=device, dtype=dtype, bucket=bucket, sha256=sha256_text(source),
+            speedup=speedup, speedup_ci=tuple(speedup_ci), provenance=provenance,
+            verified_at=verified_at or utc_now(),
+        )
+        with self._writing() as repo:
+            entries = [e for e in self.entries() if e.key != entry.key] + [entry]
+            atomic_write(self.path / entry.source_path, source)
+            atomic_write(self.manifest_path, render_manifest(entries))
+            message = f"Add {op} for {device} {dtype} [{bucket}]: {speedup:.2f}x ({entry.id})"
+            self._commit(repo, [entry.source_path, MANIFEST_NAME], message)
+        return entry
+
+    def rollback(self, target: str) -> Commit:
+        """Undo the commit `target` (a commit sha, or an entry id: the commit that added it)."""
+        with self._writing() as repo:
+            commit = self._resolve_commit(repo, target)
+            if not commit.parents:
+                raise RegistryError("the registry's first commit cannot be rolled back")
+            before = self._entries_at(commit.parents[0])
+            after = self._entries_at(commit)
+            current = {e.key: e for e in self.entries()}
+            for key in set(before) | set(after):
+                if before.get(key) == after.get(key):
+                    continue
+                if current.get(key) != after.get(key):
+                    raise RegistryError(
+                        f"cannot roll back {commit.hexsha[:10]}: {'/'.join(key)} changed again since; "
+                        "roll back the later commit first"
+                    )
+                if key in before:
+                    current[key] = before[key]
+                else:
+                    current.pop(key, None)
+            atomic_write(self.manifest_path, render_manifest(list(current.values())))
+            subject = commit.message.strip().splitlines()[0]
+            message = f'Revert "{subject}"\n\nThis reverts commit {commit.hexsha}.'
+            sha = self._commit(repo, [MANIFEST_NAME], message)
+        return Commit(sha, message, utc_now())
+
+    # -- internals -------------------------------------------------------------------------
+
+    @contextmanager
+    def _writing(self) -> Iterator[git.Repo]:
+        # The lock is on the registry directory itself, so initialisation is covered too.
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield self._open_or_init()
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _open_or_init(self) -> git.Repo:
+        if (self.path / ".git").exists():
+            return git.Repo(self.path)
+        if any(p.name != ".git" for p in self.path.iterdir()):
+            raise RegistryError(f"{self.path} is not empty and not a kernel registry; refusing to initialise it")
+        repo = git.Repo.init(self.path, initial_branch="main")
+        atomic_write(self.manifest_path, render_manifest([]))
+        self._commit(repo, [MANIFEST_NAME], "Initialise kernel registry")
+        return repo
+
+    @staticmethod
+    def _commit(repo: git.Repo, paths: list[str], message: str) -> str:
+        repo.index.add(paths)
+        return repo.index.commit(message, author=ACTOR, committer=ACTOR).hexsha
+
+    def _resolve_commit(self, repo: git.Repo, target: str) -> git.Commit:
+        if any(e.id.startswith(target) for e in self.entries()):
+            entry = self.find(target)
+            # The oldest commit that introduced it: rolling back an entry means "stop using it",
+            # even when a later revert-of-a-revert brought it back.
+            for commit in reversed(list(repo.iter_commits(paths=MANIFEST_NAME))):
+                parent = self._entries_at(commit.parents[0]) if commit.parents else {}
+                if self._entries_at(commit).get(entry.key) == entry and parent.get(entry.key) != entry:
+                    return commit
+            raise RegistryError(f"no commit in {self.path} added {entry.id}")
+        try:
+            return repo.commit(target)
+        except (git.BadName, ValueError):
+            raise RegistryError(f"{target!r} is neither an entry id nor a commit of {self.path}") from None
+
+    @staticmethod
+    def _entries_at(commit: git.Commit) -> dict[tuple, Entry]:
+        try:
+            blob = commit.tree / MANIFEST_NAME
+        except KeyError:
+            return {}
+        text = blob.data_stream.read().decode("utf-8")
+        return {e.key: e for e in parse_manifest(text, f"{MANIFEST_NAME}@{commit.hexsha[:10]}")}

@@ -1,0 +1,1 @@
+"""Profiler: built by a later issue (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""Sandbox: built by a later issue (see docs/ARCHITECTURE.md)."""

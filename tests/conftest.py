@@ -1,0 +1,30 @@
+"""Shared test setup: Triton's mode is fixed before any kernel module is imported."""
+
+from __future__ import annotations
+
+import pytest
+
+import kernels  # noqa: F401  (configures Triton: interpreter without CUDA)
+from kernels.device import default_device
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if default_device() == "cuda":
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run bench/gpu_check.sh on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # A selection that matches no test (e.g. `-m gpu` on a tree without GPU tests yet) is not a failure.
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK
+
+
+@pytest.fixture
+def registry(tmp_path):
+    from kernels.registry import Registry
+
+    return Registry(tmp_path / "registry")

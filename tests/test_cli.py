@@ -1,0 +1,92 @@
+"""The `agent` command line: ops, registry verbs, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from agent.cli import main
+from kernels import OPS
+
+from tests.test_registry import RMSNORM_SOURCE, add
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ops_json_lists_the_five_ops_with_signatures_and_dtypes(capsys):
+    code, out, _ = run(capsys, "ops", "--json")
+    assert code == 0
+    ops = {o["name"]: o for o in json.loads(out)["ops"]}
+    assert set(ops) == set(OPS) and len(ops) == 5
+    assert ops["rope"]["signature"] == "rope(q, k, positions, cos_sin_cache) -> (q_out, k_out)"
+    assert ops["decode_attention"]["args"] == ["q", "k_buffer", "v_buffer", "kv_indptr", "kv_indices", "sm_scale"]
+    for op in ops.values():
+        assert op["dtypes"] == ["float32", "float16", "bfloat16"]
+
+
+def test_ops_table_and_check(capsys):
+    code, out, _ = run(capsys, "ops")
+    assert code == 0 and all(name in out for name in OPS)
+    code, out, err = run(capsys, "ops", "rmsnorm", "silu_mul", "--check", "--seeds", "1", "--dtypes", "float32")
+    assert code == 0, out + err
+    assert "passed, 0 failed" in out
+
+
+def test_ops_check_json(capsys):
+    code, out, _ = run(capsys, "ops", "rmsnorm", "--check", "--seeds", "1", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] and data["device"] == "cpu-interpreter"
+    assert len(data["results"]) == len(OPS["rmsnorm"].test_shapes) * 3
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("ops", "matmul"), "unknown op 'matmul'"),
+    (("ops", "--check", "--seeds", "0"), "--seeds must be at least 1"),
+    (("ops", "--check", "--device", "cuda"), "no CUDA device"),
+    (("ops", "--check", "--dtypes", "float8"), "unknown dtype"),
+    (("registry", "show", "rmsnorm-nope"), "no entry"),
+    (("registry", "rollback", "deadbeef"), "neither an entry id nor a commit"),
+    (("registry", "list", "--op", "matmul"), "unknown op"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.setenv("KERNELLOOP_REGISTRY", str(tmp_path / "reg"))
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unreadable_registry_is_one_line(capsys, registry):
+    add(registry)
+    registry.manifest_path.write_text("{")
+    code, _, err = run(capsys, "registry", "list", "--registry", str(registry.path))
+    assert code == 2 and "corrupt" in err and err.count("\n") == 1
+
+
+def test_registry_list_show_log_rollback(capsys, registry):
+    entry = add(registry)
+    reg = ("--registry", str(registry.path))
+    code, out, _ = run(capsys, "registry", "list", *reg, "--json")
+    assert code == 0 and [e["id"] for e in json.loads(out)["entries"]] == [entry.id]
+    code, out, _ = run(capsys, "registry", "show", entry.id[:12], *reg)
+    assert code == 0 and entry.sha256 in out and "_rmsnorm_kernel" in out
+    code, out, _ = run(capsys, "registry", "rollback", entry.id, *reg)
+    assert code == 0 and "rolled back" in out
+    code, out, _ = run(capsys, "registry", "log", *reg)
+    assert code == 0 and "Revert" in out
+    assert registry.entries() == []
+
+
+def test_installed_console_script(tmp_path):
+    agent = shutil.which("agent") or str(__import__("pathlib").Path(sys.executable).with_name("agent"))
+    proc = subprocess.run([agent, "registry", "list", "--registry", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([agent, "ops", "nope"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == "agent ops: unknown op 'nope'; known ops: " + ", ".join(OPS)

@@ -1,0 +1,115 @@
+"""Dispatch: variant resolution, caching, fallback and hot reload."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernels import OPS, get_op
+from kernels.dispatch import Dispatcher
+from kernels.registry import ANY_BUCKET, Provenance
+
+from tests.test_registry import RMSNORM_SOURCE, add
+
+SPEC = get_op("rmsnorm")
+SHAPE = {"tokens": 3, "hidden": 33}
+RAISING_SOURCE = "def forward(x, weight, eps):\n    raise RuntimeError('kernel exploded')\n"
+
+
+def inputs(shape=SHAPE, dtype=torch.float32, seed=0):
+    return SPEC.make_inputs(shape, dtype, seed, "cpu")
+
+
+@pytest.mark.parametrize("mode,variant", [("reference", "reference"), ("baseline", "baseline"), ("registry", "baseline")])
+def test_modes_pick_their_variant(registry, mode, variant):
+    kd = Dispatcher(mode, registry=registry)
+    args = inputs()
+    torch.testing.assert_close(kd.rmsnorm(*args), SPEC.reference(*args))
+    assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": variant}
+
+
+def test_every_op_dispatches(registry):
+    kd = Dispatcher("registry", registry=registry)
+    for name, spec in OPS.items():
+        args = spec.make_inputs(spec.test_shapes[0], torch.float32, 0, "cpu")
+        out = kd(name, *args)
+        ref = spec.reference(*args)
+        for o, r in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+            torch.testing.assert_close(o, r)
+
+
+def test_resolution_is_cached_per_size_class(registry):
+    calls = []
+    counting = dataclasses.replace(SPEC, shape_of=lambda *a: calls.append(1) or SPEC.shape_of(*a))
+    kd = Dispatcher("baseline", registry=registry, ops={"rmsnorm": counting})
+    for tokens in (5, 6, 7, 8, 5):  # one size class
+        kd.rmsnorm(*inputs({"tokens": tokens, "hidden": 33}))
+    assert len(calls) == 1
+    kd.rmsnorm(*inputs({"tokens": 9, "hidden": 33}))  # next class, same bucket: resolved once more
+    kd.rmsnorm(*inputs({"tokens": 1, "hidden": 33}))
+    assert len(calls) == 3
+
+
+def test_registry_entry_is_used_for_its_device_dtype_and_bucket(registry):
+    entry = add(registry, RMSNORM_SOURCE + "\n# registered\n", bucket="hidden=33,tokens=2-16")
+    kd = Dispatcher("registry", registry=registry)
+    kd.rmsnorm(*inputs())
+    kd.rmsnorm(*inputs({"tokens": 1, "hidden": 33}))
+    kd.rmsnorm(*inputs(dtype=torch.float16))
+    assert kd.variants_in_use()["rmsnorm"] == {
+        "float32 hidden=33,tokens=2-16": f"registry:{entry.id}",
+        "float32 hidden=33,tokens=1": "baseline",
+        "float16 hidden=33,tokens=2-16": "baseline",
+    }
+
+
+def test_a_kernel_that_raises_falls_back_to_the_baseline(registry):
+    add(registry, RAISING_SOURCE)
+    kd = Dispatcher("registry", registry=registry)
+    args = inputs()
+    torch.testing.assert_close(kd.rmsnorm(*args), SPEC.reference(*args))
+    assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": "baseline"}
+
+
+def test_a_tampered_entry_is_not_loaded(registry):
+    entry = add(registry)
+    (registry.path / entry.source_path).write_text(RAISING_SOURCE)
+    kd = Dispatcher("registry", registry=registry)
+    kd.rmsnorm(*inputs())
+    assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": "baseline"}
+
+
+def test_a_corrupt_registry_leaves_the_baselines_working(registry):
+    add(registry)
+    registry.manifest_path.write_text('{"format": 1, "entr')
+    kd = Dispatcher("registry", registry=registry)
+    assert "corrupt" in kd.registry_error
+    args = inputs()
+    torch.testing.assert_close(kd.rmsnorm(*args), SPEC.reference(*args))
+    assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": "baseline"}
+
+
+def test_reload_picks_up_adds_and_rollbacks(registry):
+    kd = Dispatcher("registry", registry=registry)
+    kd.rmsnorm(*inputs())
+    assert kd.reload() == {}
+    entry = add(registry, RMSNORM_SOURCE + "\n# hot\n")
+    assert kd.reload() == {"rmsnorm": {"float32 hidden=33,tokens=2-16": ("baseline", f"registry:{entry.id}")}}
+    args = inputs(seed=4)
+    torch.testing.assert_close(kd.rmsnorm(*args), SPEC.reference(*args))
+    registry.rollback(entry.id)
+    assert kd.reload() == {"rmsnorm": {"float32 hidden=33,tokens=2-16": (f"registry:{entry.id}", "baseline")}}
+
+
+def test_entries_of_another_device_are_ignored(registry):
+    add(registry, RAISING_SOURCE, device="NVIDIA H200 sm90", bucket=ANY_BUCKET)
+    kd = Dispatcher("registry", registry=registry, device="cpu")
+    kd.rmsnorm(*inputs())
+    assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": "baseline"}
+
+
+def test_unknown_mode_is_refused(registry):
+    with pytest.raises(ValueError, match="unknown kernel mode"):
+        Dispatcher("fastest", registry=registry)

@@ -1,0 +1,121 @@
+"""Every baseline kernel against its torch reference, through the Triton interpreter on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernels import OPS
+from kernels.compare import check_impl
+from kernels.spec import TOKEN_BUCKETS, pick_shapes, size_bucket, size_class
+
+CASES = [
+    pytest.param(spec, shape, dtype, id=f"{name}-{'x'.join(map(str, shape.values()))}-{str(dtype)[6:]}")
+    for name, spec in OPS.items()
+    for shape in spec.test_shapes
+    for dtype in spec.dtypes
+]
+
+
+@pytest.mark.parametrize("spec,shape,dtype", CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_baseline_matches_reference(spec, shape, dtype, seed):
+    result = check_impl(spec, spec.forward, shape, dtype, seed)
+    assert result.ok, str(result)
+
+
+def test_the_five_ops_are_there():
+    assert set(OPS) == {"rmsnorm", "fused_add_rmsnorm", "silu_mul", "rope", "decode_attention"}
+
+
+@pytest.mark.parametrize("spec", OPS.values(), ids=list(OPS))
+def test_spec_contract(spec):
+    import inspect
+
+    assert inspect.signature(spec.forward).parameters.keys() == inspect.signature(spec.reference).parameters.keys()
+    assert set(spec.dtypes) == {torch.float32, torch.float16, torch.bfloat16}
+    assert spec.signature.startswith(f"{spec.name}(")
+    json.dumps(spec.describe())
+    keys = set(spec.engine_shapes[0])
+    assert all(set(s) == keys for s in spec.engine_shapes + spec.test_shapes)
+    assert spec.bucketed <= keys
+    for shape in spec.engine_shapes[:3]:
+        cost = spec.cost(shape, torch.bfloat16)
+        assert cost.bytes > 0 and cost.flops > 0
+        assert spec.cost(shape, torch.float32).bytes > cost.bytes  # bytes scale with the dtype
+
+
+@pytest.mark.parametrize("spec", OPS.values(), ids=list(OPS))
+def test_test_shapes_are_odd_and_even(spec):
+    sizes = [v for s in spec.test_shapes for v in s.values()]
+    assert any(v % 2 for v in sizes if v > 1), "no odd size among the test shapes"
+    assert any(v & (v - 1) for v in sizes), "no non-power-of-two size among the test shapes"
+
+
+@pytest.mark.parametrize("spec", OPS.values(), ids=list(OPS))
+def test_inputs_are_seeded_and_realistic(spec):
+    shape = spec.test_shapes[-1]
+    a = spec.make_inputs(shape, torch.float32, 0, "cpu")
+    b = spec.make_inputs(shape, torch.float32, 0, "cpu")
+    c = spec.make_inputs(shape, torch.float32, 1, "cpu")
+    tensors = [(x, y, z) for x, y, z in zip(a, b, c) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    assert tensors
+    # Tables such as rope's cos/sin cache are fixed; the data must change with the seed.
+    assert any(not torch.equal(x, z) for x, _, z in tensors), "another seed must give other inputs"
+    for x, y, z in tensors:
+        assert torch.equal(x, y), "same seed must give the same inputs"
+        assert torch.isfinite(x).all()
+        assert x.float().std() > 0.05, "inputs must not be (nearly) constant, e.g. all-ones weights"
+    assert spec.shape_of(*a) == {k: v for k, v in shape.items() if k in spec.shape_of(*a)}
+
+
+def test_engine_shapes_cover_decode_prefill_and_odd_hidden_sizes():
+    shapes = OPS["rmsnorm"].engine_shapes
+    assert {1, 8192} <= {s["tokens"] for s in shapes}
+    assert {1536, 2880, 5120} <= {s["hidden"] for s in shapes}
+
+
+def test_size_classes_never_straddle_buckets():
+    # The dispatch cache is keyed by size_class; the registry by size_bucket. They must agree.
+    seen: dict[int, str] = {}
+    for n in range(1, 3 * TOKEN_BUCKETS[-1]):
+        assert seen.setdefault(size_class(n), size_bucket(n)) == size_bucket(n), n
+    assert size_bucket(1) == "1" and size_bucket(16) == "2-16" and size_bucket(17) == "17-128"
+    assert size_bucket(9000) == ">8192"
+
+
+@pytest.mark.parametrize("spec", OPS.values(), ids=list(OPS))
+def test_dispatch_key_agrees_with_bucket(spec):
+    buckets: dict[tuple, str] = {}
+    for shape in spec.test_shapes:
+        for dtype in spec.dtypes:
+            args = spec.make_inputs(shape, dtype, 0, "cpu")
+            bucket = spec.bucket(spec.shape_of(*args))
+            assert buckets.setdefault(spec.dispatch_key(*args), bucket) == bucket
+
+
+def test_rmsnorm_handles_leading_dims_and_strided_rows():
+    spec = OPS["rmsnorm"]
+    x, w, eps = spec.make_inputs({"tokens": 6, "hidden": 40}, torch.float32, 3, "cpu")
+    x3 = x.view(2, 3, 40)
+    torch.testing.assert_close(spec.forward(x3, w, eps), spec.reference(x3, w, eps))
+    wide = torch.randn(5, 64)
+    strided = wide[:, :40]  # rows with a stride larger than their length
+    torch.testing.assert_close(spec.forward(strided, w, eps), spec.reference(strided, w, eps))
+
+
+GPU_CASES = [
+    pytest.param(spec, shape, dtype, id=f"{name}-{'x'.join(map(str, shape.values()))}-{str(dtype)[6:]}")
+    for name, spec in OPS.items()
+    for shape in pick_shapes(spec.engine_shapes, 8)
+    for dtype in spec.dtypes
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,shape,dtype", GPU_CASES)
+def test_baseline_matches_reference_on_cuda_at_engine_shapes(spec, shape, dtype):
+    result = check_impl(spec, spec.forward, shape, dtype, seed=0, device="cuda")
+    assert result.ok, str(result)

@@ -15,6 +15,18 @@ from kernels.spec import OpSpec, Shape, Tolerance, dtype_name
 
 
 @dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    max_abs_err: float
+    tol_fraction: float  # worst elementwise error / allowed error: <= 1 passes
+    reason: str  # "" when ok; else which output, how many elements, worst error and where
+
+
+def _failed(reason: str) -> Comparison:
+    return Comparison(False, float("inf"), float("inf"), reason)
+
+
+@dataclass(frozen=True)
 class CheckResult:
     op: str
     shape: dict[str, int]
@@ -22,7 +34,8 @@ class CheckResult:
     seed: int
     ok: bool
     max_abs_err: float
-    reason: str  # "" when ok; else which output, how many elements, worst error and where
+    tol_fraction: float
+    reason: str
 
     def __str__(self) -> str:
         status = "ok" if self.ok else f"FAIL: {self.reason}"
@@ -33,18 +46,18 @@ def as_tuple(out: Any) -> tuple:
     return out if isinstance(out, tuple) else (out,)  # a list is not a valid multi-output return
 
 
-def compare_tensor(out: Any, expected: torch.Tensor, tol: Tolerance) -> tuple[bool, float, str]:
-    """(ok, max_abs_err, reason) for one output against its expected value."""
+def compare_tensor(out: Any, expected: torch.Tensor, tol: Tolerance) -> Comparison:
+    """One output against its expected value."""
     if not isinstance(out, torch.Tensor):
-        return False, float("inf"), f"returned {type(out).__name__}, expected a tensor"
+        return _failed(f"returned {type(out).__name__}, expected a tensor")
     if out.shape != expected.shape:
-        return False, float("inf"), f"shape {tuple(out.shape)}, expected {tuple(expected.shape)}"
+        return _failed(f"shape {tuple(out.shape)}, expected {tuple(expected.shape)}")
     if out.dtype != expected.dtype:
-        return False, float("inf"), f"dtype {out.dtype}, expected {expected.dtype}"
+        return _failed(f"dtype {out.dtype}, expected {expected.dtype}")
     if out.device != expected.device:
-        return False, float("inf"), f"device {out.device}, expected {expected.device}"
+        return _failed(f"device {out.device}, expected {expected.device}")
     if out.numel() == 0:
-        return True, 0.0, ""
+        return Comparison(True, 0.0, 0.0, "")
     got, want = out.detach().double(), expected.detach().double()
     err = (got - want).abs()
     allowed = tol.atol + tol.rtol * want.abs()
@@ -53,31 +66,33 @@ def compare_tensor(out: Any, expected: torch.Tensor, tol: Tolerance) -> tuple[bo
     err = torch.where(same_nonfinite, torch.zeros_like(err), err)
     err = torch.nan_to_num(err, nan=float("inf"))
     max_err = err.max().item()
+    fraction = torch.nan_to_num(err / allowed, nan=float("inf")).max().item()
     n_bad = int(bad.sum().item())
     if n_bad == 0:
-        return True, max_err, ""
+        return Comparison(True, max_err, fraction, "")
     worst = int(torch.where(bad, err, torch.full_like(err, -1.0)).flatten().argmax().item())
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), out.shape))
-    return False, max_err, (
+    return Comparison(False, max_err, fraction, (
         f"{n_bad}/{out.numel()} elements outside atol={tol.atol} rtol={tol.rtol}; "
         f"max abs err {max_err:.3g} at {list(index)} (got {got.flatten()[worst].item():.6g}, "
         f"expected {want.flatten()[worst].item():.6g})"
-    )
+    ))
 
 
-def check_outputs(spec: OpSpec, outputs: Any, expected: Any, dtype: torch.dtype) -> tuple[bool, float, str]:
+def check_outputs(spec: OpSpec, outputs: Any, expected: Any, dtype: torch.dtype) -> Comparison:
+    """Every output of one call against the reference's; the first mismatch is reported."""
     outs, exps = as_tuple(outputs), as_tuple(expected)
     if len(outs) != len(exps):
-        return False, float("inf"), f"returned {len(outs)} outputs, expected {len(exps)}"
+        return _failed(f"returned {len(outs)} outputs, expected {len(exps)}")
     tol = spec.tolerance(dtype)
-    worst = 0.0
+    worst_err = worst_fraction = 0.0
     for i, (o, e) in enumerate(zip(outs, exps)):
-        ok, err, reason = compare_tensor(o, e, tol)
-        worst = max(worst, err)
-        if not ok:
+        c = compare_tensor(o, e, tol)
+        worst_err, worst_fraction = max(worst_err, c.max_abs_err), max(worst_fraction, c.tol_fraction)
+        if not c.ok:
             label = f"output {i}: " if len(exps) > 1 else ""
-            return False, worst, label + reason
-    return True, worst, ""
+            return Comparison(False, worst_err, worst_fraction, label + c.reason)
+    return Comparison(True, worst_err, worst_fraction, "")
 
 
 def check_impl(
@@ -94,7 +109,7 @@ def check_impl(
     try:
         outputs = impl(*args)
     except Exception as exc:  # a candidate that raises is a failed check, not a crash
-        return CheckResult(spec.name, dict(shape), dtype_name(dtype), seed, False, float("inf"),
-                           f"raised {type(exc).__name__}: {exc}".splitlines()[0])
-    ok, err, reason = check_outputs(spec, outputs, expected, dtype)
-    return CheckResult(spec.name, dict(shape), dtype_name(dtype), seed, ok, err, reason)
+        c = _failed(f"raised {type(exc).__name__}: {exc}".splitlines()[0])
+    else:
+        c = check_outputs(spec, outputs, expected, dtype)
+    return CheckResult(spec.name, dict(shape), dtype_name(dtype), seed, c.ok, c.max_abs_err, c.tol_fraction, c.reason)

@@ -68,14 +68,15 @@ def check(specs: list, args: argparse.Namespace) -> int:
             failures += [r for r in batch if not r.ok]
             passed = sum(r.ok for r in batch)
             worst = max((r.max_abs_err for r in batch), default=0.0)
+            fraction = max((r.tol_fraction for r in batch), default=0.0)
             summary.append((spec.name, dtype_name(dtype), len(shapes), f"{passed}/{len(batch)}", f"{worst:.3g}",
-                            f"{time.perf_counter() - start:.2f}"))
+                            f"{fraction:.2f}", f"{time.perf_counter() - start:.2f}"))
     if args.json:
         print_json({"device": device_fingerprint(device), "ok": not failures,
                     "results": [r.__dict__ for r in results]})
     else:
         title = f"baseline kernels vs torch reference on {device_fingerprint(device)}"
-        print_table(title, ("op", "dtype", "shapes", "passed", "max abs err", "seconds"), summary)
+        print_table(title, ("op", "dtype", "shapes", "passed", "max abs err", "worst err / tolerance", "seconds"), summary)
         for r in failures:
             print(str(r))
         print(f"{len(results) - len(failures)} passed, {len(failures)} failed")

@@ -125,6 +125,7 @@ class Dispatcher:
         between batches; each op's cache is swapped in one assignment.
         """
         self._entries = self._read_entries()
+        self._loaded = {sha: fn for sha, fn in self._loaded.items() if fn is not None}  # retry refusals
         changed = {name: op.re_resolve() for name, op in self.ops.items()}
         return {name: c for name, c in changed.items() if c}
 

@@ -57,6 +57,14 @@ class Cost:
         return max(self.bytes / bytes_per_s, self.flops / flops_per_s)
 
 
+# One rounding of a float32 result, with room for a different but exact summation order:
+# bf16 rtol is two ulps (the Triton interpreter truncates float->bf16 instead of rounding).
+DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
+    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
+}
+
 # Token counts are bucketed by these upper bounds; model dimensions are kept exact.
 TOKEN_BUCKETS: tuple[int, ...] = (1, 16, 128, 1024, 8192)
 

@@ -81,6 +81,16 @@ def test_a_tampered_entry_is_not_loaded(registry):
     assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": "baseline"}
 
 
+def test_a_repaired_entry_is_picked_up_on_reload(registry):
+    entry = add(registry)
+    source = registry.path / entry.source_path
+    source.write_text(RAISING_SOURCE)
+    kd = Dispatcher("registry", registry=registry)
+    kd.rmsnorm(*inputs())
+    source.write_text(RMSNORM_SOURCE)
+    assert kd.reload() == {"rmsnorm": {"float32 hidden=33,tokens=2-16": ("baseline", f"registry:{entry.id}")}}
+
+
 def test_a_corrupt_registry_leaves_the_baselines_working(registry):
     add(registry)
     registry.manifest_path.write_text('{"format": 1, "entr')

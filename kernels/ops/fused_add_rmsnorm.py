@@ -13,7 +13,7 @@ import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
 from kernels.ops.rmsnorm import MAX_FUSED_SIZE, num_warps_for, rows_view
-from kernels.spec import Cost, OpSpec, Shape, Tolerance, size_class
+from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, size_class
 
 
 def reference(
@@ -100,12 +100,6 @@ def cost(shape: Shape, dtype: torch.dtype) -> Cost:
     return Cost(bytes=(4 * t * n + n) * es, flops=5 * t * n)
 
 
-TOLERANCES = {
-    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
-    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
-    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
-}
-
 SPEC = OpSpec(
     name="fused_add_rmsnorm",
     signature="fused_add_rmsnorm(x, residual, weight, eps) -> (y, residual_out)",
@@ -128,6 +122,6 @@ SPEC = OpSpec(
         {"tokens": 2, "hidden": 5120},
     ),
     bucketed=frozenset({"tokens"}),
-    tolerances=TOLERANCES,
+    tolerances=DEFAULT_TOLERANCES,
     num_outputs=2,
 )

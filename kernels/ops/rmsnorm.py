@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.spec import Cost, OpSpec, Shape, Tolerance, size_class
+from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, size_class
 
 MAX_FUSED_SIZE = 65536  # one row must fit one program's registers
 
@@ -88,12 +88,6 @@ def cost(shape: Shape, dtype: torch.dtype) -> Cost:
     return Cost(bytes=(2 * t * n + n) * es, flops=4 * t * n)
 
 
-TOLERANCES = {
-    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
-    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
-    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
-}
-
 SPEC = OpSpec(
     name="rmsnorm",
     signature="rmsnorm(x, weight, eps) -> y",
@@ -113,5 +107,5 @@ SPEC = OpSpec(
         {"tokens": 2, "hidden": 5120},
     ),
     bucketed=frozenset({"tokens"}),
-    tolerances=TOLERANCES,
+    tolerances=DEFAULT_TOLERANCES,
 )

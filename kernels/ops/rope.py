@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.spec import Cost, OpSpec, Shape, Tolerance, size_class
+from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, size_class
 
 ROPE_THETA = 500000.0  # Llama-3
 DEFAULT_MAX_POS = 8192 + 256  # make_inputs' cache length unless the shape gives `max_pos`
@@ -138,12 +138,6 @@ def cost(shape: Shape, dtype: torch.dtype) -> Cost:
     return Cost(bytes=2 * elems * dtype.itemsize + t * 8 + t * d * 4, flops=3 * elems)
 
 
-TOLERANCES = {
-    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
-    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
-    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
-}
-
 SPEC = OpSpec(
     name="rope",
     signature="rope(q, k, positions, cos_sin_cache) -> (q_out, k_out)",
@@ -169,6 +163,6 @@ SPEC = OpSpec(
         {"tokens": 2, "q_heads": 40, "kv_heads": 8, "head_dim": 128},
     ),
     bucketed=frozenset({"tokens"}),
-    tolerances=TOLERANCES,
+    tolerances=DEFAULT_TOLERANCES,
     num_outputs=2,
 )

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
 from kernels.ops.rmsnorm import rows_view
-from kernels.spec import Cost, OpSpec, Shape, Tolerance, size_class
+from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, size_class
 
 MAX_BLOCK = 1024  # columns per program; wide rows are split over grid axis 1
 
@@ -73,12 +73,6 @@ def cost(shape: Shape, dtype: torch.dtype) -> Cost:
     return Cost(bytes=3 * t * d * es, flops=4 * t * d)
 
 
-TOLERANCES = {
-    torch.float32: Tolerance(atol=1e-5, rtol=1e-5),
-    torch.float16: Tolerance(atol=1e-3, rtol=1e-3),
-    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
-}
-
 SPEC = OpSpec(
     name="silu_mul",
     signature="silu_mul(x) -> y",
@@ -98,5 +92,5 @@ SPEC = OpSpec(
         {"tokens": 2, "d": 1537},
     ),
     bucketed=frozenset({"tokens"}),
-    tolerances=TOLERANCES,
+    tolerances=DEFAULT_TOLERANCES,
 )

@@ -63,6 +63,11 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch, argv, m
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_missing_registry_path_is_one_line(capsys, tmp_path):
+    code, _, err = run(capsys, "registry", "list", "--registry", str(tmp_path / "typo"))
+    assert code == 2 and err == f"agent registry: no registry at {tmp_path / 'typo'}\n"
+
+
 def test_unreadable_registry_is_one_line(capsys, registry):
     add(registry)
     registry.manifest_path.write_text("{")
@@ -86,7 +91,8 @@ def test_registry_list_show_log_rollback(capsys, registry):
 
 def test_installed_console_script(tmp_path):
     agent = shutil.which("agent") or str(__import__("pathlib").Path(sys.executable).with_name("agent"))
-    proc = subprocess.run([agent, "registry", "list", "--registry", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    env = {**__import__("os").environ, "KERNELLOOP_REGISTRY": str(tmp_path / "r")}
+    proc = subprocess.run([agent, "registry", "list"], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     proc = subprocess.run([agent, "ops", "nope"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == "agent ops: unknown op 'nope'; known ops: " + ", ".join(OPS)

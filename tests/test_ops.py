@@ -119,3 +119,37 @@ GPU_CASES = [
 def test_baseline_matches_reference_on_cuda_at_engine_shapes(spec, shape, dtype):
     result = check_impl(spec, spec.forward, shape, dtype, seed=0, device="cuda")
     assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "fused_add_rmsnorm", "silu_mul", "rope"])
+def test_zero_tokens_give_empty_outputs(name):
+    spec = OPS[name]
+    shape = {**spec.test_shapes[-1], "tokens": 0}
+    args = spec.make_inputs(shape, torch.float16, 0, "cpu")
+    out, ref = spec.forward(*args), spec.reference(*args)
+    for o, r in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+        assert o.shape == r.shape and o.numel() == 0 and o.dtype == r.dtype
+
+
+def test_rope_accepts_views_into_a_fused_qkv_tensor():
+    # The engine's qkv projection is one matmul; q and k are strided views of its output.
+    spec = OPS["rope"]
+    q, k, positions, cache = spec.make_inputs({"tokens": 3, "q_heads": 4, "kv_heads": 2, "head_dim": 32},
+                                              torch.float32, 0, "cpu")
+    qkv = torch.cat([q.flatten(1), k.flatten(1), torch.randn(3, 64)], dim=1)
+    q_view = qkv[:, :128].view(3, 4, 32)
+    k_view = qkv[:, 128:192].view(3, 2, 32)
+    assert not q_view.is_contiguous()
+    for out, ref in zip(spec.forward(q_view, k_view, positions, cache), spec.reference(q, k, positions, cache)):
+        torch.testing.assert_close(out, ref)
+
+
+def test_silu_mul_and_fused_add_rmsnorm_accept_3d_inputs():
+    x = OPS["silu_mul"].make_inputs({"tokens": 6, "d": 40}, torch.float32, 0, "cpu")[0].view(2, 3, 80)
+    torch.testing.assert_close(OPS["silu_mul"].forward(x), OPS["silu_mul"].reference(x))
+    spec = OPS["fused_add_rmsnorm"]
+    x, r, w, eps = spec.make_inputs({"tokens": 6, "hidden": 40}, torch.float32, 0, "cpu")
+    out = spec.forward(x.view(2, 3, 40), r.view(2, 3, 40), w, eps)
+    ref = spec.reference(x.view(2, 3, 40), r.view(2, 3, 40), w, eps)
+    for o, e in zip(out, ref):
+        torch.testing.assert_close(o, e)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kernels import get_op
+from kernels.errors import RegistryError
 from kernels.registry import Registry
 
 from agent.render import console, print_json, print_table
@@ -33,8 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("target", help="entry id or commit sha")
 
 
-def run_list(args: argparse.Namespace) -> int:
+def open_registry(args: argparse.Namespace) -> Registry:
+    """An explicit --registry must exist; the default one may not exist yet (nothing added)."""
     reg = Registry(args.registry)
+    if args.registry is not None and not reg.path.exists():
+        raise RegistryError(f"no registry at {reg.path}")
+    return reg
+
+
+def run_list(args: argparse.Namespace) -> int:
+    reg = open_registry(args)
     if args.op:
         get_op(args.op)  # unknown op: one clear line, exit 2
     entries = [e for e in reg.entries() if args.op in (None, e.op)]
@@ -49,7 +58,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    reg = Registry(args.registry)
+    reg = open_registry(args)
     entry = reg.find(args.entry)
     source = reg.source(entry)
     if args.json:
@@ -64,14 +73,14 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_log(args: argparse.Namespace) -> int:
-    reg = Registry(args.registry)
+    reg = open_registry(args)
     rows = [(c.sha[:10], c.date, c.message.splitlines()[0]) for c in reg.history(args.limit)]
     print_table(f"registry {reg.path} history", ("commit", "date", "message"), rows)
     return 0
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    reg = Registry(args.registry)
+    reg = open_registry(args)
     reg.entries()  # a corrupt registry fails here with one clear line
     commit = reg.rollback(args.target)
     print(f"rolled back: {commit.sha[:10]} {commit.message.splitlines()[0]}")

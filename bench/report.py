@@ -160,8 +160,13 @@ def write_report(
     command: str | None = None,
     notes: list[str] | str = (),
     out_dir: str | Path | None = None,
+    interpreter_timings: bool = True,
 ) -> Path:
-    """Write the report and return its path; `command` defaults to this process's argv."""
+    """Write the report and return its path; `command` defaults to this process's argv.
+
+    `interpreter_timings=False` for CPU benchmarks that time no Triton kernel (host overhead,
+    torch ops): they get no interpreter banner.
+    """
     now = _dt.datetime.now().astimezone()
     out = Path(out_dir) if out_dir is not None else DEFAULT_OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -177,7 +182,7 @@ def write_report(
         f"- torch {torch.__version__}, triton {triton.__version__}, python {platform.python_version()}",
         "",
     ]
-    if facts["device"] == CPU_INTERPRETER:
+    if facts["device"] == CPU_INTERPRETER and interpreter_timings:
         lines += [f"> {INTERPRETER_WARNING}", ""]
     lines += [markdown_table(table_rows), ""]
     notes_list = [notes] if isinstance(notes, str) else list(notes)

@@ -1,1 +1,2 @@
-"""Engine: built by a later issue (see docs/ARCHITECTURE.md)."""
+"""The SGLang-style inference engine: model, paged KV cache, radix prefix cache, continuous
+batching scheduler, sampler and the OpenAI-compatible server (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,119 @@
+"""Engine throughput on CPU: `python -m bench.engine_throughput [--max-tokens N] [--out-dir DIR]`.
+
+With the embedded model (float32, reference torch ops), measured in one run:
+- output tokens/s at 1 and at 16 concurrent requests, against transformers' `generate()` on the
+  same checkpoint: one request at a time, and the 16 prompts as one left-padded batch;
+- a shared-prefix workload (16 chat requests behind one long system prompt) with the prefix cache
+  on and off: hit rate, prompt tokens actually computed, tokens/s.
+Every request generates exactly `--max-tokens` tokens (EOS ignored), so all rows do equal work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Sequence
+
+import torch
+
+import kernels  # noqa: F401  (configures Triton)
+from bench.report import print_table, write_report
+from engine.engine import Engine, EngineConfig
+from engine.sampling import SamplingParams
+
+TOPICS = ["the red fox", "a small boat", "the old tree", "my sister", "the blue car", "a tall tower", "the cat",
+          "our garden", "the river", "a green bird", "the library", "the baker", "a snowy hill", "the moon",
+          "the market", "a quiet road"]
+
+
+def chat_prompt(engine: Engine, system: str, question: str) -> list[int]:
+    text = engine.tokenizer.apply_chat_template([{"role": "system", "content": system},
+                                                 {"role": "user", "content": question}])
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+def run_engine(engine: Engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    start = time.perf_counter()
+    reqs = engine.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(len(r.output_ids) for r in reqs)
+
+
+def run_hf(model, prompts: list[list[int]], max_tokens: int, batched: bool, pad_id: int) -> tuple[float, int]:
+    kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad_id)
+    start = time.perf_counter()
+    with torch.no_grad():
+        if batched:
+            width = max(len(p) for p in prompts)
+            ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            model.generate(ids, attention_mask=mask, **kwargs)
+        else:
+            for p in prompts:
+                model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), **kwargs)
+    return time.perf_counter() - start, len(prompts) * max_tokens
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine_throughput", description=__doc__.splitlines()[0])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out-dir", default=None)
+    args = parser.parse_args(argv)
+    from transformers import LlamaForCausalLM
+
+    engine = Engine(EngineConfig())
+    hf = LlamaForCausalLM.from_pretrained(engine.model_dir, dtype=torch.float32).eval()
+    pad = engine.tokenizer.eos_token_ids and min(engine.tokenizer.eos_token_ids) or 0
+    prompts = [chat_prompt(engine, "You are a helpful assistant.", f"Tell me about {t}.") for t in TOPICS]
+    rows = []
+
+    def row(workload: str, system: str, seconds: float, tokens: int, **extra) -> None:
+        rows.append({"workload": workload, "system": system, "seconds": round(seconds, 2),
+                     "output tokens": tokens, "tokens/s": round(tokens / seconds, 1), **extra})
+        print(f"{workload:>22} {system:<32} {tokens / seconds:8.1f} tok/s", file=sys.stderr, flush=True)
+
+    engine.generate([prompts[0]], SamplingParams(max_tokens=2, temperature=0))  # warm-up
+    for n in (1, 16):
+        batch = prompts[:n]
+        row(f"{n} concurrent", "kernelloop engine", *run_engine(engine, batch, args.max_tokens))
+        row(f"{n} concurrent", "transformers generate, one by one", *run_hf(hf, batch, args.max_tokens, False, pad))
+        if n > 1:
+            row(f"{n} concurrent", "transformers generate, padded batch", *run_hf(hf, batch, args.max_tokens, True, pad))
+
+    system = " ".join(["You are a careful assistant who answers questions about places, animals and people."] * 6)
+    shared = [chat_prompt(engine, system, f"Tell me about {t}.") for t in TOPICS]
+    for cache_on in (True, False):
+        eng = engine if cache_on else Engine(EngineConfig(prefix_cache=False))
+        hits0, looked0 = eng.cache.hit_tokens, eng.cache.queried_tokens
+        computed0 = eng.stats["prompt_tokens"] - eng.stats["cached_prompt_tokens"]
+        seconds, tokens = run_engine(eng, shared, args.max_tokens)
+        looked = eng.cache.queried_tokens - looked0
+        hit_rate = (eng.cache.hit_tokens - hits0) / looked if looked else 0.0
+        computed = eng.stats["prompt_tokens"] - eng.stats["cached_prompt_tokens"] - computed0
+        row("16 shared-prefix", f"engine, prefix cache {'on' if cache_on else 'off'}", seconds, tokens,
+            **{"hit rate": round(hit_rate, 3), "prompt tokens computed": computed})
+
+    by = {(r["workload"], r["system"]): r["tokens/s"] for r in rows}
+    ratios = [
+        f"1 concurrent: engine / transformers = {by[('1 concurrent', 'kernelloop engine')] / by[('1 concurrent', 'transformers generate, one by one')]:.2f}x",
+        f"16 concurrent: engine / transformers one by one = {by[('16 concurrent', 'kernelloop engine')] / by[('16 concurrent', 'transformers generate, one by one')]:.2f}x",
+        f"16 concurrent: engine / transformers padded batch = {by[('16 concurrent', 'kernelloop engine')] / by[('16 concurrent', 'transformers generate, padded batch')]:.2f}x",
+        f"shared prefix: cache on / off = {by[('16 shared-prefix', 'engine, prefix cache on')] / by[('16 shared-prefix', 'engine, prefix cache off')]:.2f}x",
+    ]
+    print_table(rows)
+    print("\n".join(ratios))
+    notes = ratios + [
+        f"Embedded model at {engine.model_dir}; float32; engine kernels: reference torch ops; {args.max_tokens} output tokens per request, EOS ignored.",
+        f"Prompt lengths {min(map(len, prompts))}-{max(map(len, prompts))} tokens; shared-prefix prompts {len(shared[0])} tokens.",
+        f"torch threads: {torch.get_num_threads()}.",
+    ]
+    path = write_report("engine-throughput", "Engine throughput on CPU vs transformers", rows, device="cpu",
+                        notes=notes, out_dir=args.out_dir, interpreter_timings=False)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

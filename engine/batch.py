@@ -1,0 +1,60 @@
+"""ForwardBatch: everything one model forward needs, built by the scheduler, read by the model.
+
+A batch is either `extend` (prefill: each request adds one or more tokens after a possibly cached
+prefix) or `decode` (each request adds exactly one token). Tokens of all requests are packed along
+one axis of length T; per-request data uses the batch order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Mode = Literal["extend", "decode"]
+
+
+@dataclass
+class ForwardBatch:
+    mode: Mode
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, position of each token in its sequence
+    out_slots: torch.Tensor  # [T] int64, KV slot where each new token's K/V is written
+    kv_indptr: torch.Tensor  # [B + 1] int32, request b's slots are kv_indices[kv_indptr[b]:kv_indptr[b+1]]
+    kv_indices: torch.Tensor  # [sum(seq_lens)] int64, every token of each request (prefix + new)
+    seq_lens: list[int]  # per request: tokens after this forward (prefix + new)
+    extend_lens: list[int]  # per request: new tokens in this forward (1 for decode)
+    last_token_index: torch.Tensor  # [B] int64, index in T of each request's last token (logits rows)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @classmethod
+    def build(cls, mode: Mode, input_ids: list[list[int]], prefix_lens: list[int],
+              slots_per_request: list[torch.Tensor], device: str | torch.device) -> "ForwardBatch":
+        """From per-request new token ids, cached prefix lengths and all slots (prefix + new)."""
+        extend_lens = [len(ids) for ids in input_ids]
+        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
+        positions = [torch.arange(p, s, dtype=torch.int64) for p, s in zip(prefix_lens, seq_lens)]
+        out_slots = [slots[p:] for slots, p in zip(slots_per_request, prefix_lens)]
+        indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(torch.tensor(seq_lens, dtype=torch.int64), 0)
+        last = torch.cumsum(torch.tensor(extend_lens, dtype=torch.int64), 0) - 1
+        flat = [t for ids in input_ids for t in ids]
+        return cls(
+            mode=mode,
+            input_ids=torch.tensor(flat, dtype=torch.int64, device=device),
+            positions=torch.cat(positions).to(device),
+            out_slots=torch.cat(out_slots).to(device),
+            kv_indptr=indptr.to(device),
+            kv_indices=torch.cat(list(slots_per_request)).to(device),
+            seq_lens=seq_lens,
+            extend_lens=extend_lens,
+            last_token_index=last.to(device),
+        )

@@ -1,0 +1,215 @@
+"""The engine: model + KV memory + scheduler + sampler, advanced one forward per `step()`.
+
+Single-threaded by design: the server runs it in one thread and talks to it through queues, so
+nothing here locks. `reload_kernels()` must be called between steps (the server does).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.batch import ForwardBatch
+from engine.config import ModelConfig, resolve_dtype
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import EngineError
+from engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
+from engine.model import LlamaModel
+from engine.radix_cache import RadixCache
+from engine.request import Request
+from engine.sampler import Sampler, TokenLogprobs, make_generator
+from engine.sampling import SamplingParams
+from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from engine.tokenizer import Tokenizer
+from engine.weights import load_weights
+from kernels.dispatch import Dispatcher
+from kernels.registry import Registry
+
+
+class InvalidRequest(EngineError):
+    """The request cannot be served as asked (e.g. prompt too long); the server answers 400."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # Hugging Face-format directory; None serves the embedded model
+    device: str = "cpu"
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    kernels: str = "reference"  # reference | baseline | registry
+    registry: str | None = None  # registry path (kernels=registry); None: the default registry
+    kv_cache_bytes: int | None = None  # None: 256 MiB on CPU, 85% of free memory on a GPU
+    max_context: int | None = None  # None: the model's max positions, at most 8192
+    prefix_cache: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass
+class StepOutput:
+    """What one step produced for one request (streamed to its client)."""
+
+    rid: str
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprobs | None]
+    finished: bool
+    finish_reason: str | None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig = EngineConfig()):
+        self.config = config
+        self.model_dir = Path(config.model) if config.model else _embedded_model_dir()
+        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.device = torch.device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.model_config, config.device)
+        self.model = LlamaModel(self.model_config, self.dtype, self.device)
+        load_weights(self.model, self.model_dir)
+        registry = Registry(config.registry) if config.kernels == "registry" else None
+        self.kernels = Dispatcher(config.kernels, registry=registry, device=config.device)
+        self.max_context = min(config.max_context or 8192, self.model_config.max_position_embeddings)
+        sched = config.scheduler
+        num_slots = self._kv_slots()
+        self.pool = KVPool(self.model_config, num_slots, self.dtype, self.device)
+        self.allocator = SlotAllocator(num_slots)
+        self.rows = RequestSlots(sched.max_running_requests + 1, self.max_context)
+        self.cache = RadixCache(self.allocator.free, disabled=not config.prefix_cache)
+        self.scheduler = Scheduler(sched, self.allocator, self.rows, self.cache)
+        self.sampler = Sampler()
+        self.requests: dict[str, Request] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+        self.stats = {"prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0, "forwards": 0}
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None) -> Request:
+        if not prompt_ids:
+            raise InvalidRequest("the prompt is empty")
+        if any(not 0 <= t < self.model_config.vocab_size for t in prompt_ids):
+            raise InvalidRequest(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
+        capacity = min(self.max_context, self.allocator.num_slots - 1)
+        if len(prompt_ids) >= capacity:
+            raise InvalidRequest(f"the prompt has {len(prompt_ids)} tokens; this engine serves at most {capacity - 1}")
+        rid = rid or f"req-{next(self._ids)}"
+        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params,
+                      max_new_tokens=min(params.max_tokens, capacity - len(prompt_ids)),
+                      generator=make_generator(params.seed, self.device))
+        self.requests[rid] = req
+        self._detokenizers[rid] = IncrementalDetokenizer(self.tokenizer.decode, params.stop, prompt_ids)
+        self.scheduler.add(req)
+        self.stats["prompt_tokens"] += len(prompt_ids)
+        return req
+
+    def abort(self, rid: str) -> None:
+        req = self.requests.pop(rid, None)
+        if req is not None and not req.finished:
+            self.scheduler.finish(req, "abort")
+        self._detokenizers.pop(rid, None)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- stepping ----------------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        """Run one forward (prefill or decode) and return what it produced."""
+        outputs = [self._finished_output(r, []) for r in self._drain_stopped()]
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return outputs
+        logits = self.model.forward(self._forward_batch(batch), self.pool, self.kernels)
+        self.stats["forwards"] += 1
+        self.scheduler.advance(batch)
+        sampled = [i for i, s in enumerate(batch.samples) if s]
+        if not sampled:
+            return outputs
+        reqs = [batch.requests[i] for i in sampled]
+        result = self.sampler.sample(logits[sampled], [r.params for r in reqs], [r.generator for r in reqs])
+        for req, token, lp in zip(reqs, result.tokens.tolist(), result.logprobs):
+            outputs.append(self._accept(req, token, lp))
+        return outputs
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Request]:
+        """Serve `prompts` to completion (offline use and tests); returns the finished requests."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        while any(not r.finished for r in reqs):
+            self.step()
+        for r in reqs:
+            self.requests.pop(r.rid, None)
+        return reqs
+
+    def reload_kernels(self) -> dict:
+        """Re-read the kernel registry (between steps); returns the variants that changed."""
+        return self.kernels.reload()
+
+    def kv_usage(self) -> float:
+        """Share of KV slots held by requests or the prefix cache."""
+        total = self.allocator.num_slots - 1
+        return 1.0 - self.allocator.available() / total
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _forward_batch(self, batch: ScheduledBatch) -> ForwardBatch:
+        ids, slots = [], []
+        for req, start, n in zip(batch.requests, batch.starts, batch.lengths):
+            ids.append(req.all_ids[start:start + n])
+            slots.append(self.rows.read(req.row, start + n))
+        return ForwardBatch.build(batch.mode, ids, batch.starts, slots, self.device)
+
+    def _accept(self, req: Request, token: int, logprobs: TokenLogprobs | None) -> StepOutput:
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+            self.stats["cached_prompt_tokens"] += req.cached_tokens
+        req.output_ids.append(token)
+        req.logprobs.append(logprobs)
+        self.stats["generated_tokens"] += 1
+        detok = self._detokenizers[req.rid]
+        text = detok.push(token)
+        reason = None
+        if detok.stopped:
+            reason, req.stop_text = "stop", detok.stop_reason
+        elif (token in self.tokenizer.eos_token_ids and not req.params.ignore_eos) or token in req.params.stop_token_ids:
+            reason = "stop"
+        elif len(req.output_ids) >= req.max_new_tokens:
+            reason = "length"
+        if reason is None:
+            return StepOutput(req.rid, [token], text, [logprobs], False, None)
+        self.scheduler.finish(req, reason)
+        return self._finished_output(req, [token], text, [logprobs])
+
+    def _finished_output(self, req: Request, tokens: list[int], text: str = "",
+                         logprobs: list | None = None) -> StepOutput:
+        req.finished_at = time.perf_counter()
+        detok = self._detokenizers.pop(req.rid, None)
+        if detok is not None and not detok.stopped:
+            text += detok.flush()  # text held back in case it began a stop string
+        return StepOutput(req.rid, tokens, text, logprobs or [], True, req.finish_reason)
+
+    def _drain_stopped(self) -> list[Request]:
+        stopped, self.scheduler.stopped = self.scheduler.stopped, []
+        return stopped
+
+    def _kv_slots(self) -> int:
+        budget = self.config.kv_cache_bytes
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * 0.85)
+            else:
+                budget = 256 << 20
+        slots = slots_for_budget(self.model_config, budget, self.dtype)
+        # More than every running request at full context is never needed.
+        cap = self.config.scheduler.max_running_requests * self.max_context + 1
+        return max(2, min(slots, cap))
+
+
+def _embedded_model_dir() -> Path:
+    from engine.embedded import ensure_embedded_model
+
+    return ensure_embedded_model()

@@ -1,0 +1,11 @@
+"""Engine errors a user can act on: the CLI prints one line, the server answers with a 4xx."""
+
+from kernels.errors import KernelloopError
+
+
+class EngineError(KernelloopError):
+    pass
+
+
+class ModelLoadError(EngineError):
+    """The model directory is missing, unsupported or inconsistent."""

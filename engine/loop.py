@@ -1,0 +1,136 @@
+"""EngineLoop: runs the single-threaded Engine in its own thread; the async server talks to it.
+
+Everything that touches the engine (adding and aborting requests, kernel reload, profiling)
+runs in the loop thread between two steps, so a reload swaps kernels atomically between batches
+and no request is dropped. Outputs go back to each request's asyncio queue thread-safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from engine.engine import Engine, StepOutput
+from engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._stop = threading.Event()
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) per step, last 10 s
+        self.step_hooks: list[Callable[[float, int], None]] = []  # called with (step seconds, tokens)
+        self.error: str | None = None
+
+    def start(self) -> "EngineLoop":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    # -- called from the server's event loop ---------------------------------------------------
+
+    async def submit(self, prompt_ids: list[int], params: SamplingParams) -> tuple[str, asyncio.Queue]:
+        """Add a request; its StepOutputs arrive on the returned queue. Raises what add_request raises."""
+        out: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def add() -> str:
+            req = self.engine.add_request(prompt_ids, params)
+            self._sinks[req.rid] = (loop, out)
+            return req.rid
+
+        rid = await self.call(add)
+        return rid, out
+
+    def abort(self, rid: str) -> None:
+        self._commands.put(lambda: self._abort(rid))
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` in the loop thread between two steps and return its result."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+        self._commands.put(run)
+        return await asyncio.wrap_future(future)
+
+    def tokens_per_second(self) -> float:
+        now = time.perf_counter()
+        recent = [(t, n) for t, n in list(self._recent) if now - t <= 10.0]
+        if not recent:
+            return 0.0
+        return sum(n for _, n in recent) / max(now - recent[0][0], 1.0)
+
+    # -- the loop thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain_commands(block=not self.engine.has_work())
+            if not self.engine.has_work():
+                continue
+            start = time.perf_counter()
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a failed forward ends the affected requests, not the server
+                log.exception("engine step failed")
+                self.error = f"{type(exc).__name__}: {exc}"
+                self._fail_all()
+                continue
+            elapsed = time.perf_counter() - start
+            tokens = sum(len(o.token_ids) for o in outputs)
+            now = time.perf_counter()
+            self._recent.append((now, tokens))
+            while self._recent and now - self._recent[0][0] > 10.0:
+                self._recent.popleft()
+            for hook in self.step_hooks:
+                hook(elapsed, tokens)
+            for output in outputs:
+                self._deliver(output)
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            command()
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _deliver(self, output: StepOutput) -> None:
+        sink = self._sinks.get(output.rid)
+        if output.finished:
+            self._sinks.pop(output.rid, None)
+            self.engine.requests.pop(output.rid, None)
+        if sink is not None:
+            loop, out = sink
+            loop.call_soon_threadsafe(out.put_nowait, output)
+
+    def _abort(self, rid: str) -> None:
+        self._sinks.pop(rid, None)
+        self.engine.abort(rid)
+
+    def _fail_all(self) -> None:
+        for rid in list(self._sinks):
+            self.engine.abort(rid)
+            self._deliver(StepOutput(rid, [], "", [], True, "abort"))

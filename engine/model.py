@@ -1,0 +1,86 @@
+"""The Llama-family decoder, in the engine's layout: fused qkv and gate_up projections.
+
+Every hot op (rmsnorm, fused_add_rmsnorm, rope, silu_mul, decode_attention) goes through the
+kernels Dispatcher, so a registry change reaches the model at the next `reload()`. Matmuls and
+prefill attention are torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import attention
+from engine.batch import ForwardBatch
+from engine.config import ModelConfig
+from engine.memory import KVPool
+from engine.rotary import cos_sin_cache
+from kernels.dispatch import Dispatcher
+
+
+class DecoderLayer:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str | torch.device):
+        h, i = config.hidden_size, config.intermediate_size
+
+        def empty(*shape: int) -> torch.Tensor:
+            return torch.empty(shape, dtype=dtype, device=device)
+
+        self.input_norm = empty(h)
+        self.qkv_proj = empty(config.q_size + 2 * config.kv_size, h)  # rows: q, then k, then v
+        self.o_proj = empty(h, config.q_size)
+        self.post_attention_norm = empty(h)
+        self.gate_up_proj = empty(2 * i, h)  # rows: gate, then up
+        self.down_proj = empty(h, i)
+
+
+class LlamaModel:
+    """Weights plus the forward pass; `engine.weights.load_weights` fills the weights."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str | torch.device):
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.embed_tokens = torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.layers = [DecoderLayer(config, dtype, device) for _ in range(config.num_layers)]
+        self.norm = torch.empty(config.hidden_size, dtype=dtype, device=device)
+        self.lm_head = (self.embed_tokens if config.tie_word_embeddings
+                        else torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device))
+        self.cos_sin_cache = cos_sin_cache(config.rope, config.head_dim, config.max_position_embeddings, device)
+        self.scale = config.head_dim ** -0.5
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, pool: KVPool, kd: Dispatcher) -> torch.Tensor:
+        """Logits [B, vocab] (float32) at each request's last new token."""
+        c = self.config
+        eps = c.rms_norm_eps
+        hidden = F.embedding(batch.input_ids, self.embed_tokens)
+        residual = None
+        for index, layer in enumerate(self.layers):
+            if residual is None:
+                residual = hidden
+                hidden = kd.rmsnorm(hidden, layer.input_norm, eps)
+            else:
+                hidden, residual = kd.fused_add_rmsnorm(hidden, residual, layer.input_norm, eps)
+            qkv = F.linear(hidden, layer.qkv_proj)
+            t = qkv.shape[0]
+            q = qkv[:, :c.q_size].view(t, c.num_heads, c.head_dim)
+            k = qkv[:, c.q_size:c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
+            v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
+            q, k = kd.rope(q, k, batch.positions, self.cos_sin_cache)
+            o = attention(q, k, v, index, batch, pool, kd, self.scale)
+            hidden = F.linear(o.reshape(t, c.q_size), layer.o_proj)
+            hidden, residual = kd.fused_add_rmsnorm(hidden, residual, layer.post_attention_norm, eps)
+            hidden = F.linear(kd.silu_mul(F.linear(hidden, layer.gate_up_proj)), layer.down_proj)
+        last = batch.last_token_index
+        hidden, _ = kd.fused_add_rmsnorm(hidden[last], residual[last], self.norm, eps)
+        return F.linear(hidden, self.lm_head).float()
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """Engine-layout name -> tensor (tied lm_head appears once)."""
+        params = {"embed_tokens": self.embed_tokens, "norm": self.norm}
+        if not self.config.tie_word_embeddings:
+            params["lm_head"] = self.lm_head
+        for i, layer in enumerate(self.layers):
+            for name, value in vars(layer).items():
+                params[f"layers.{i}.{name}"] = value
+        return params

@@ -1,0 +1,180 @@
+"""Continuous batching: which requests run in the next forward, and the KV memory behind them.
+
+Policy (one forward per `schedule()`):
+- Prefill first: while requests wait and budgets allow, admit them first-come first-served into
+  an extend batch (at most `max_prefill_tokens` new tokens). A prompt longer than `chunk_size`
+  is prefilled in chunks, one chunked request at a time; it finishes before the next is admitted.
+- Otherwise decode every running request by one token.
+- KV memory: slots come from the allocator; when it runs dry, unlocked prefix-cache leaves are
+  evicted (LRU); when that is not enough for a decode step, the most recently admitted running
+  request is retracted: its KV goes to the prefix cache, it returns to the front of the queue,
+  and resumes later from its cached tokens. A request that fits alone therefore always finishes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from engine.memory import RequestSlots, SlotAllocator
+from engine.radix_cache import RadixCache
+from engine.request import Request
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running_requests: int = 32
+    max_prefill_tokens: int = 4096
+    chunk_size: int = 2048
+
+
+@dataclass
+class ScheduledBatch:
+    mode: str  # "extend" | "decode"
+    requests: list[Request]
+    starts: list[int]  # per request: tokens already computed (the prefix of this forward)
+    lengths: list[int]  # per request: new tokens in this forward
+    samples: list[bool]  # per request: does this forward produce its next token?
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, allocator: SlotAllocator, rows: RequestSlots, cache: RadixCache):
+        self.config = config
+        self.allocator = allocator
+        self.rows = rows
+        self.cache = cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.chunked: Request | None = None  # the request whose prefill is in progress
+        self.stopped: list[Request] = []  # finished by the scheduler itself; the engine reports them
+
+    # -- queue -------------------------------------------------------------------------------
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    def schedule(self) -> ScheduledBatch | None:
+        batch = self._schedule_extend()
+        if batch is None and self.running:
+            batch = self._schedule_decode()
+        return batch
+
+    # -- after a forward ---------------------------------------------------------------------
+
+    def advance(self, batch: ScheduledBatch) -> None:
+        """Record that the batch's KV was computed; finished prefills start decoding."""
+        for req, n, sampled in zip(batch.requests, batch.lengths, batch.samples):
+            req.computed_len += n
+            if batch.mode == "extend":
+                if sampled:
+                    self.chunked = None if self.chunked is req else self.chunked
+                    self.running.append(req)
+                else:
+                    self.chunked = req
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Release a request's KV (its computed tokens go to the prefix cache) and forget it."""
+        req.finish_reason = reason
+        if req in self.running:
+            self.running.remove(req)
+        if self.chunked is req:
+            self.chunked = None
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _schedule_extend(self) -> ScheduledBatch | None:
+        cfg = self.config
+        budget = cfg.max_prefill_tokens
+        batch = ScheduledBatch("extend", [], [], [], [])
+        candidates = ([self.chunked] if self.chunked else []) + list(self.waiting)
+        for req in candidates:
+            if req is not self.chunked and len(self.running) + len(batch.requests) >= cfg.max_running_requests:
+                break
+            if req.row is None and not self._admit(req):
+                break
+            remaining = req.seq_len - req.computed_len
+            n = min(remaining, budget, cfg.chunk_size)
+            slots = self._alloc(n) if n > 0 else None
+            if slots is None:
+                if req is not self.chunked and req.computed_len == req.cached_len:
+                    self._release(req)  # admitted this round but no room: back to waiting as it was
+                break
+            self.rows.write(req.row, req.computed_len, slots)
+            req.allocated_len = req.computed_len + n
+            if req is not self.chunked:
+                self.waiting.remove(req)
+            batch.requests.append(req)
+            batch.starts.append(req.computed_len)
+            batch.lengths.append(n)
+            batch.samples.append(n == remaining)
+            budget -= n
+            if n < remaining or budget == 0:
+                break
+        return batch if batch.requests else None
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        while True:
+            slots = self._alloc(len(self.running))
+            if slots is not None:
+                break
+            if len(self.running) == 1:
+                # Even alone it does not fit: it has used the whole pool. Stop it here.
+                req = self.running[0]
+                self.finish(req, "length")
+                self.stopped.append(req)
+                return None
+            self._retract(max(self.running, key=lambda r: r.arrived_at))
+        for req, slot in zip(self.running, slots):
+            self.rows.write(req.row, req.computed_len, slot.view(1))
+            req.allocated_len = req.computed_len + 1
+        n = len(self.running)
+        return ScheduledBatch("decode", list(self.running), [r.computed_len for r in self.running], [1] * n, [True] * n)
+
+    def _admit(self, req: Request) -> bool:
+        """Give a waiting request a row and its cached prefix (at least one token left to compute)."""
+        row = self.rows.alloc()
+        if row is None:
+            return False
+        match = self.cache.match_prefix(req.all_ids[:-1])
+        self.cache.lock(match.node)
+        req.row, req.prefix_node = row, match.node
+        req.cached_len = req.computed_len = req.allocated_len = len(match)
+        if not req.output_ids:
+            req.cached_tokens = len(match)
+        self.rows.write(row, 0, match.slots)
+        return True
+
+    def _alloc(self, n: int) -> torch.Tensor | None:
+        slots = self.allocator.alloc(n)
+        if slots is None:
+            self.cache.evict(n - self.allocator.available())
+            slots = self.allocator.alloc(n)
+        return slots
+
+    def _retract(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.retractions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        """Computed KV to the prefix cache, duplicates and unused slots freed, lock and row dropped."""
+        if req.row is None:
+            return
+        slots = self.rows.read(req.row, req.allocated_len).clone()
+        already = self.cache.insert(req.all_ids[:req.computed_len], slots[:req.computed_len])
+        if already > req.cached_len:
+            self.allocator.free(slots[req.cached_len:already])  # the cache kept its own copies
+        self.allocator.free(slots[req.computed_len:])  # reserved for a forward that never completed
+        self.cache.unlock(req.prefix_node)
+        self.rows.free(req.row)
+        req.row, req.prefix_node = None, None
+        req.cached_len = req.computed_len = req.allocated_len = 0

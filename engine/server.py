@@ -1,0 +1,172 @@
+"""The OpenAI-compatible HTTP server (FastAPI): completions, chat, streaming, health, metrics,
+profile hooks and hot kernel reload. Bad requests get OpenAI-style error JSON and a 4xx."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from engine.engine import InvalidRequest, StepOutput
+from engine.loop import EngineLoop
+from engine.metrics import render_metrics
+from engine.openai_api import (APIError, ChatRequest, CompletionRequest, chat_body, chat_chunk, chat_logprobs,
+                               completion_body, completion_logprobs, new_id, usage)
+from engine.profiling import StepProfiler
+from engine.sampling import InvalidSamplingParams
+
+DEFAULT_MAX_TOKENS = 256
+
+
+def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
+    app = FastAPI(title="kernelloop engine")
+    engine = loop.engine
+    profiler = StepProfiler(loop)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = "malformed JSON body" if first.get("type") == "json_invalid" else f"{where}: {first.get('msg', 'invalid')}"
+        return JSONResponse(APIError(400, message, param=where or None).body(), status_code=400)
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {model_name!r}",
+                           param="model", code="model_not_found")
+
+    def token_text(token_id: int) -> str:
+        return engine.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    async def start(prompt_ids: list[int], params) -> tuple[str, Any]:
+        try:
+            return await loop.submit(prompt_ids, params)
+        except InvalidRequest as exc:
+            raise APIError(400, str(exc), param="prompt") from None
+
+    def sampling(body, logprobs: int | None):
+        try:
+            return body.sampling(logprobs, DEFAULT_MAX_TOKENS)
+        except InvalidSamplingParams as exc:
+            raise APIError(400, str(exc), param=getattr(exc, "field", None)) from None
+
+    async def collect(rid: str, queue) -> tuple[str, list, str | None, int]:
+        text, logprobs, tokens = "", [], 0
+        while True:
+            out: StepOutput = await queue.get()
+            text += out.text
+            logprobs += [lp for lp in out.logprobs if lp is not None]
+            tokens += len(out.token_ids)
+            if out.finished:
+                return text, logprobs, out.finish_reason, tokens
+
+    async def stream(rid: str, queue, chunk, final_usage) -> AsyncIterator[str]:
+        tokens, out = 0, None
+        try:
+            while True:
+                out: StepOutput = await queue.get()
+                tokens += len(out.token_ids)
+                body = chunk(out)
+                if body is not None:
+                    yield f"data: {json.dumps(body)}\n\n"
+                if out.finished:
+                    break
+            extra = final_usage(tokens)
+            if extra is not None:
+                yield f"data: {json.dumps(extra)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            if out is None or not out.finished:
+                loop.abort(rid)  # the client went away: free its KV
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok" if loop.error is None else "degraded", "last_error": loop.error}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "kernelloop",
+                                            "max_model_len": engine.max_context}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        check_model(body.model)
+        prompt = body.prompt_text_or_ids()
+        ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        params = sampling(body, body.logprobs)
+        rid, queue = await start(ids, params)
+        cid = new_id("cmpl")
+        want_usage = body.stream_options is not None and body.stream_options.include_usage
+        if body.stream:
+            def chunk(out: StepOutput):
+                lps = [lp for lp in out.logprobs if lp is not None]
+                return completion_body(cid, model_name, out.text, out.finish_reason,
+                                       completion_logprobs(lps, token_text, 0) if params.logprobs is not None else None, None)
+
+            def final(tokens: int):
+                return {**completion_body(cid, model_name, "", None, None, usage(len(ids), tokens)), "choices": []} if want_usage else None
+
+            return StreamingResponse(stream(rid, queue, chunk, final), media_type="text/event-stream")
+        text, lps, finish, tokens = await collect(rid, queue)
+        logprobs = completion_logprobs(lps, token_text, 0) if params.logprobs is not None else None
+        return completion_body(cid, model_name, text, finish, logprobs, usage(len(ids), tokens))
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest):
+        check_model(body.model)
+        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
+        try:
+            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+        if body.max_completion_tokens is not None and body.max_tokens is None:
+            body.max_tokens = body.max_completion_tokens
+        params = sampling(body, body.logprob_count())
+        rid, queue = await start(ids, params)
+        cid = new_id("chatcmpl")
+        want_usage = body.stream_options is not None and body.stream_options.include_usage
+        if body.stream:
+            first = [True]
+
+            def chunk(out: StepOutput):
+                delta: dict[str, Any] = {"role": "assistant", "content": out.text} if first[0] else {"content": out.text}
+                first[0] = False
+                lps = [lp for lp in out.logprobs if lp is not None]
+                return chat_chunk(cid, model_name, delta, out.finish_reason,
+                                  chat_logprobs(lps, token_text) if params.logprobs is not None else None)
+
+            def final(tokens: int):
+                return chat_chunk(cid, model_name, {}, None, usage_=usage(len(ids), tokens), choices=False) if want_usage else None
+
+            return StreamingResponse(stream(rid, queue, chunk, final), media_type="text/event-stream")
+        text, lps, finish, tokens = await collect(rid, queue)
+        logprobs = chat_logprobs(lps, token_text) if params.logprobs is not None else None
+        return chat_body(cid, model_name, text, finish, logprobs, usage(len(ids), tokens))
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        snapshot = await loop.call(lambda: render_metrics(loop))
+        return PlainTextResponse(snapshot, media_type="text/plain; version=0.0.4")
+
+    @app.post("/kernels/reload")
+    async def reload() -> dict[str, Any]:
+        changed = await loop.call(engine.reload_kernels)
+        return {"changed": changed, "registry_error": engine.kernels.registry_error}
+
+    @app.post("/profile/start")
+    async def profile_start() -> dict[str, Any]:
+        return await loop.call(profiler.start)
+
+    @app.post("/profile/stop")
+    async def profile_stop() -> dict[str, Any]:
+        return await loop.call(profiler.stop)
+
+    return app

@@ -1,0 +1,121 @@
+"""Greedy outputs and logprobs equal transformers' LlamaForCausalLM on the same checkpoint (float32,
+CPU): single requests, concurrent ones (batching must not change a result), shared prefixes (the
+cache must not change a result), chunked prefill and retraction under a small KV budget."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine.engine import Engine, EngineConfig, InvalidRequest
+from engine.sampling import SamplingParams
+from engine.scheduler import SchedulerConfig
+
+from tests.hf_checkpoints import VARIANTS, make_checkpoint
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {v: make_checkpoint(root / v, v, shard=(v == "gqa")) for v in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def hf_models(checkpoints):
+    from transformers import LlamaForCausalLM
+
+    return {v: LlamaForCausalLM.from_pretrained(p).eval() for v, p in checkpoints.items()}
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    ids = out.sequences[0, len(prompt):].tolist()
+    logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.logits, ids)]
+    return ids, logprobs
+
+
+def prompts(n: int, seed: int, lengths=(5, 17, 9, 30, 1, 12)) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 211, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
+
+
+def assert_matches_hf(model, reqs, prompt_list, n=GREEDY.max_tokens):
+    for prompt, req in zip(prompt_list, reqs):
+        ids, logprobs = hf_greedy(model, prompt, n)
+        assert req.output_ids == ids, f"prompt of {len(prompt)} tokens"
+        assert [lp.logprob for lp in req.logprobs] == pytest.approx(logprobs, abs=1e-4)
+        for lp in req.logprobs:  # the top alternatives are sorted and contain the greedy choice
+            assert len(lp.top) == 3 and lp.top[0][0] == lp.token_id
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_single_requests_match_transformers(checkpoints, hf_models, variant):
+    engine = Engine(EngineConfig(model=str(checkpoints[variant])))
+    ps = prompts(3, seed=1)
+    reqs = [engine.generate([p], GREEDY)[0] for p in ps]
+    assert_matches_hf(hf_models[variant], reqs, ps)
+
+
+def test_concurrent_requests_match_transformers(checkpoints, hf_models):
+    # A small prefill budget and chunk size mix chunked prefills, multi-request extends and decodes.
+    sched = SchedulerConfig(max_running_requests=4, max_prefill_tokens=24, chunk_size=10)
+    engine = Engine(EngineConfig(model=str(checkpoints["gqa"]), scheduler=sched))
+    ps = prompts(7, seed=2)
+    reqs = engine.generate(ps, GREEDY)
+    assert engine.stats["forwards"] < 7 * (GREEDY.max_tokens + 4), "requests were not batched"
+    assert_matches_hf(hf_models["gqa"], reqs, ps)
+
+
+def test_shared_prefixes_hit_the_cache_without_changing_results(checkpoints, hf_models):
+    engine = Engine(EngineConfig(model=str(checkpoints["mqa-untied"])))
+    system = prompts(1, seed=3, lengths=(40,))[0]
+    ps = [system + tail for tail in prompts(4, seed=4, lengths=(3, 6, 1, 9))]
+    first = engine.generate(ps[:1], GREEDY)
+    rest = engine.generate(ps[1:], GREEDY)
+    assert first[0].cached_tokens == 0
+    assert all(r.cached_tokens >= 40 for r in rest)
+    assert engine.cache.hit_tokens >= 120
+    assert_matches_hf(hf_models["mqa-untied"], first + rest, ps)
+
+
+def test_retraction_under_a_tiny_kv_budget_keeps_results(checkpoints, hf_models):
+    config = EngineConfig(model=str(checkpoints["gqa"]), scheduler=SchedulerConfig(max_running_requests=6))
+    per_slot = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 kv heads, head_dim 16, float32
+    engine = Engine(dataclasses.replace(config, kv_cache_bytes=per_slot * 70))
+    ps = prompts(6, seed=5, lengths=(20, 18, 15, 22, 19, 17))
+    reqs = engine.generate(ps, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3))
+    assert sum(r.retractions for r in reqs) > 0, "the budget was meant to force retraction"
+    assert all(r.finish_reason == "length" and len(r.output_ids) == 12 for r in reqs)
+    assert_matches_hf(hf_models["gqa"], reqs, ps, n=12)
+    assert engine.allocator.available() + engine.cache.total_size() == engine.allocator.num_slots - 1, "slots leaked"
+
+
+def test_triton_kernels_give_the_same_greedy_outputs(checkpoints, hf_models):
+    engine = Engine(EngineConfig(model=str(checkpoints["gqa"]), kernels="baseline"))
+    ps = prompts(2, seed=6, lengths=(7, 4))
+    reqs = engine.generate(ps, dataclasses.replace(GREEDY, max_tokens=4))
+    assert_matches_hf(hf_models["gqa"], reqs, ps, n=4)
+    assert set(engine.kernels.variants_in_use()["decode_attention"].values()) == {"baseline"}
+
+
+def test_stops_and_limits(checkpoints):
+    engine = Engine(EngineConfig(model=str(checkpoints["gqa"])))
+    p = prompts(1, seed=7)[0]
+    free = engine.generate([p], GREEDY)[0]
+    stop_at = free.output_ids[2]
+    stopped = engine.generate([p], dataclasses.replace(GREEDY, stop_token_ids=[stop_at]))[0]
+    assert stopped.finish_reason == "stop" and stopped.output_ids == free.output_ids[:free.output_ids.index(stop_at) + 1]
+    text = engine.tokenizer.decode(free.output_ids)
+    word = text.split()[3]
+    by_string = engine.generate([p], dataclasses.replace(GREEDY, stop=[word]))[0]
+    assert by_string.finish_reason == "stop" and by_string.stop_text == word
+    with pytest.raises(InvalidRequest, match="at most"):
+        engine.add_request([5] * engine.max_context, GREEDY)
+    with pytest.raises(InvalidRequest, match="token ids"):
+        engine.add_request([5, 10_000], GREEDY)

@@ -88,8 +88,9 @@ step() {  # step NAME TIMEOUT_S CMD [ARGS...]
 }
 
 # One line per step; keep the sum of timeouts under BUDGET_S.
-step pytest-gpu 240 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
-step baselines 300 "$PYTHON" -m bench.baselines --device cuda --strict --out-dir "$OUT_DIR"
+step pytest-gpu 150 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
+step baselines 180 "$PYTHON" -m bench.baselines --device cuda --strict --time-budget-s 140 --out-dir "$OUT_DIR"
+step engine-decode 170 "$PYTHON" -m bench.engine_gpu --out-dir "$OUT_DIR"
 
 # ---- collect reports written during this run, then the summary (printed last) ---------------------
 if [[ -d docs/benchmarks ]]; then

@@ -7,6 +7,7 @@ nothing here locks. `reload_kernels()` must be called between steps (the server 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig, resolve_dtype
+from engine.cuda_graph import DecodeGraphs
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError
 from engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
@@ -25,9 +27,12 @@ from engine.sampler import Sampler, TokenLogprobs, make_generator
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from engine.tokenizer import Tokenizer
-from engine.weights import load_weights
+from engine.weights import init_random_weights, load_weights
 from kernels.dispatch import Dispatcher
 from kernels.registry import Registry
+
+
+log = logging.getLogger(__name__)
 
 
 class InvalidRequest(EngineError):
@@ -44,6 +49,8 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # None: 256 MiB on CPU, 85% of free memory on a GPU
     max_context: int | None = None  # None: the model's max positions, at most 8192
     prefix_cache: bool = True
+    cuda_graphs: bool = True  # decode through captured CUDA graphs (CUDA devices only)
+    random_weights: bool = False  # benchmark shapes without a checkpoint: seeded random weights
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
@@ -68,7 +75,10 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_config, config.device)
         self.model = LlamaModel(self.model_config, self.dtype, self.device)
-        load_weights(self.model, self.model_dir)
+        if config.random_weights:
+            init_random_weights(self.model)
+        else:
+            load_weights(self.model, self.model_dir)
         registry = Registry(config.registry) if config.kernels == "registry" else None
         self.kernels = Dispatcher(config.kernels, registry=registry, device=config.device)
         self.max_context = min(config.max_context or 8192, self.model_config.max_position_embeddings)
@@ -80,6 +90,7 @@ class Engine:
         self.cache = RadixCache(self.allocator.free, disabled=not config.prefix_cache)
         self.scheduler = Scheduler(sched, self.allocator, self.rows, self.cache)
         self.sampler = Sampler()
+        self.graphs = self._capture_graphs() if self.device.type == "cuda" and config.cuda_graphs else None
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
@@ -122,7 +133,11 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
-        logits = self.model.forward(self._forward_batch(batch), self.pool, self.kernels)
+        forward_batch = self._forward_batch(batch)
+        if self.graphs is not None and self.graphs.can_run(forward_batch):
+            logits = self.graphs.run(forward_batch)
+        else:
+            logits = self.model.forward(forward_batch, self.pool, self.kernels)
         self.stats["forwards"] += 1
         self.scheduler.advance(batch)
         sampled = [i for i, s in enumerate(batch.samples) if s]
@@ -146,7 +161,10 @@ class Engine:
 
     def reload_kernels(self) -> dict:
         """Re-read the kernel registry (between steps); returns the variants that changed."""
-        return self.kernels.reload()
+        changed = self.kernels.reload()
+        if changed and self.graphs is not None:
+            self.graphs = self._capture_graphs()  # graphs hold the kernels they were captured with
+        return changed
 
     def kv_usage(self) -> float:
         """Share of KV slots held by requests or the prefix cache."""
@@ -194,6 +212,16 @@ class Engine:
     def _drain_stopped(self) -> list[Request]:
         stopped, self.scheduler.stopped = self.scheduler.stopped, []
         return stopped
+
+    def _capture_graphs(self) -> DecodeGraphs | None:
+        graphs = DecodeGraphs(self.model, self.pool, self.kernels, self.config.scheduler.max_running_requests,
+                              self.allocator.num_slots)
+        try:
+            graphs.capture()
+        except Exception:  # e.g. a kernel that syncs with the host: run eagerly rather than not at all
+            log.exception("CUDA graph capture failed; decoding eagerly")
+            return None
+        return graphs
 
     def _kv_slots(self) -> int:
         budget = self.config.kv_cache_bytes

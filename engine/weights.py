@@ -103,3 +103,14 @@ def _expected_names(model: LlamaModel) -> dict[str, torch.Tensor]:
                      "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"):
             names.append(f"model.layers.{i}.{part}.weight")
     return {n: destination(model, n) for n in names}
+
+
+@torch.no_grad()
+def init_random_weights(model: LlamaModel, seed: int = 0) -> None:
+    """Seeded random weights at a realistic scale (benchmarks of model shapes without a checkpoint)."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    for name, tensor in model.parameters().items():
+        if tensor.dim() == 1:  # norm weights
+            tensor.normal_(1.0, 0.1, generator=g)
+        else:
+            tensor.normal_(0.0, tensor.shape[1] ** -0.5, generator=g)

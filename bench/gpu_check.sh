@@ -88,7 +88,7 @@ step() {  # step NAME TIMEOUT_S CMD [ARGS...]
 }
 
 # One line per step; keep the sum of timeouts under BUDGET_S.
-step pytest-gpu 150 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
+step pytest-gpu 150 env KERNELLOOP_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
 step baselines 180 "$PYTHON" -m bench.baselines --device cuda --strict --time-budget-s 140 --out-dir "$OUT_DIR"
 step engine-decode 170 "$PYTHON" -m bench.engine_gpu --out-dir "$OUT_DIR"
 

@@ -1,11 +1,21 @@
-"""Shared test setup: Triton's mode is fixed before any kernel module is imported."""
+"""Shared test setup: Triton's mode is fixed before any kernel module is imported.
+
+The suite is CPU-first: unless KERNELLOOP_GPU_TESTS=1 (set by bench/gpu_check.sh, which runs only
+the `gpu`-marked tests), Triton runs through its interpreter even on a GPU machine, because the
+CPU tests hand it CPU tensors. GPU tests are skipped whenever kernels are interpreted.
+"""
 
 from __future__ import annotations
 
-import pytest
+import os
 
-import kernels  # noqa: F401  (configures Triton: interpreter without CUDA)
-from kernels.device import default_device
+if os.environ.get("KERNELLOOP_GPU_TESTS") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import kernels  # noqa: E402,F401  (configures Triton)
+from kernels.device import default_device  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

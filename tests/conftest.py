@@ -33,6 +33,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.OK
 
 
+@pytest.fixture(scope="session")
+def embedded_model_dir(tmp_path_factory):
+    """The embedded default model, built once per test session into a temporary cache root."""
+    from engine.embedded import ensure_embedded_model
+
+    return ensure_embedded_model(tmp_path_factory.mktemp("kernelloop-cache"))
+
+
 @pytest.fixture
 def registry(tmp_path):
     from kernels.registry import Registry

@@ -17,6 +17,7 @@ Change RECIPE_VERSION whenever anything that changes the files changes.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -34,7 +35,7 @@ from .bpe import BOS, CHAT_TEMPLATE, EOS, train_tokenizer
 from .corpus import Document, generate_corpus
 from .export import export
 from .model import ModelConfig
-from .train import TrainConfig, pack, train
+from .train import TrainConfig, pack, train_model
 
 __all__ = ["ensure_embedded_model", "build_embedded_model", "default_cache_root", "verify",
            "RECIPE_VERSION", "MARKER"]
@@ -76,8 +77,11 @@ def _say(msg: str) -> None:
     print(f"kernelloop embedded model: {msg}", file=sys.stderr, flush=True)
 
 
-def build_embedded_model(out_dir: Path) -> dict:
-    """Generate the model into the existing empty directory `out_dir`; returns build facts."""
+def build_embedded_model(out_dir: Path, steps: int | None = None) -> dict:
+    """Generate the model into the existing empty directory `out_dir`; returns build facts.
+
+    `steps` shortens training (tests only: a different step count is a different model).
+    """
     start = time.monotonic()
     docs = generate_corpus(N_DOCS, CORPUS_SEED)
     texts = [render_document(d) for d in docs]
@@ -85,11 +89,11 @@ def build_embedded_model(out_dir: Path) -> dict:
     _say(f"corpus of {len(docs)} documents, tokenizer of {tok.get_vocab_size()} tokens "
          f"({time.monotonic() - start:.1f} s)")
     ids = [tok.encode(text, add_special_tokens=False).ids for text in texts]
-    tc = TrainConfig()
+    tc = TrainConfig() if steps is None else dataclasses.replace(TrainConfig(), steps=steps)
     data = pack(ids, tc.seq_len, pad_id=tok.token_to_id(EOS))
     cfg = ModelConfig(vocab_size=tok.get_vocab_size())
     _say(f"training {tc.steps} steps of {tc.batch_size} x {tc.seq_len} tokens")
-    params, final_loss = train(cfg, tc, data)
+    params, final_loss = train_model(cfg, tc, data)
     if not math.isfinite(final_loss):
         raise RuntimeError(f"embedded model training diverged (loss {final_loss})")
     export(out_dir, cfg, params, tok)

@@ -97,7 +97,7 @@ def loss_fn(p: Params, cfg: ModelConfig, data: Packed, rows: torch.Tensor) -> to
     return F.cross_entropy(logits.view(-1, cfg.vocab_size), labels.view(-1), ignore_index=-100)
 
 
-def train(cfg: ModelConfig, tc: TrainConfig, data: Packed, log_every_s: float = 3.0) -> tuple[Params, float]:
+def train_model(cfg: ModelConfig, tc: TrainConfig, data: Packed, log_every_s: float = 3.0) -> tuple[Params, float]:
     """Train from a seeded init for `tc.steps` Adam steps; returns the weights and the final loss.
 
     The final loss is the mean over the last 10 steps. Progress goes to stderr.

@@ -27,17 +27,23 @@ TARGET_PROGRAMS = 528  # stage-1 programs worth launching: ~4 waves of an H100/H
 def reference(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, kv_indptr: torch.Tensor,
               kv_indices: torch.Tensor, sm_scale: float) -> torch.Tensor:
     B, Hq, D = q.shape
-    G = Hq // k_buffer.shape[1]
-    o = torch.zeros(B, Hq, D, dtype=torch.float32, device=q.device)
-    bounds = kv_indptr.tolist()
-    for b in range(B):
-        slots = kv_indices[bounds[b]:bounds[b + 1]]
-        if slots.numel() == 0:
-            continue
-        k = k_buffer[slots].float().repeat_interleave(G, dim=1)  # [L, Hq, D]
-        v = v_buffer[slots].float().repeat_interleave(G, dim=1)
-        p = torch.softmax(torch.einsum("hd,lhd->hl", q[b].float(), k) * sm_scale, dim=-1)
-        o[b] = torch.einsum("hl,lhd->hd", p, v)
+    Hk = k_buffer.shape[1]
+    lens = (kv_indptr[1:] - kv_indptr[:-1]).long()
+    L = int(lens.max()) if B else 0
+    if L == 0:
+        return torch.zeros_like(q)
+    # Pad every request to the longest: [B, L] positions, masked past each request's length.
+    pos = torch.arange(L, device=q.device)
+    valid = pos[None, :] < lens[:, None]
+    idx = torch.where(valid, kv_indptr[:-1, None].long() + pos[None, :], 0)
+    slots = kv_indices[idx]
+    k = k_buffer[slots].float()  # [B, L, Hk, D]
+    v = v_buffer[slots].float()
+    qg = q.float().view(B, Hk, Hq // Hk, D)  # query head h uses kv head h // G
+    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * sm_scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty request: all -inf -> 0
+    o = torch.einsum("bhgl,blhd->bhgd", p, v).reshape(B, Hq, D)
     return o.to(q.dtype)
 
 

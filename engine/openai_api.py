@@ -127,7 +127,7 @@ def chat_logprobs(items: list[TokenLogprobs], token_text) -> dict[str, Any]:
 
 
 def completion_body(rid: str, model: str, text: str, finish: str | None, logprobs: dict | None,
-                    usage_: dict | None, chunk: bool = False) -> dict[str, Any]:
+                    usage_: dict | None) -> dict[str, Any]:
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
     if usage_ is not None:

@@ -104,6 +104,9 @@ class Tokenizer:
 
     def __init__(self, tokenizer: _HFTokenizer, config: dict[str, Any] | None = None,
                  extra_eos_ids: list[int] | None = None, chat_template: str | dict[str, str] | None = None):
+        """Usually made by `from_dir`. `config`: tokenizer_config.json's content; `extra_eos_ids`:
+        more end-of-sequence ids (generation_config.json); `chat_template`: one template or
+        templates by name."""
         self._tok = tokenizer
         config = config or {}
         self.special_tokens: dict[str, str] = {}
@@ -129,8 +132,9 @@ class Tokenizer:
         except Exception as e:  # the Rust library raises plain Exception subclasses
             raise TokenizerError(f"{tok_file} is not a valid tokenizers file: {e}") from e
         config = _read_json(path / "tokenizer_config.json")
-        eos_ids = (_ids(_read_json(path / "generation_config.json").get("eos_token_id"))
-                   + _ids(_read_json(path / "config.json").get("eos_token_id")))
+        generation = _read_json(path / "generation_config.json")
+        model_config = _read_json(path / "config.json")
+        eos_ids = _ids(generation.get("eos_token_id")) + _ids(model_config.get("eos_token_id"))
         template = config.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
             template = {t["name"]: t["template"] for t in template
@@ -138,8 +142,8 @@ class Tokenizer:
         if template is None and (path / "chat_template.jinja").is_file():
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")
         tok = cls(tokenizer, config, eos_ids, template)
-        if tok.bos_token_id is None:
-            bos = _ids(_read_json(path / "generation_config.json").get("bos_token_id"))
+        if tok.bos_token_id is None:  # no bos_token in tokenizer_config.json
+            bos = _ids(generation.get("bos_token_id")) or _ids(model_config.get("bos_token_id"))
             tok.bos_token_id = bos[0] if bos else None
         return tok
 

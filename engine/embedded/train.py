@@ -17,7 +17,9 @@ import torch.nn.functional as F
 
 from .model import ModelConfig, Params, forward, init_params
 
-TRAIN_THREADS = 2  # fixed, not "all cores": the thread count changes the float results
+# Fixed, not "all cores": the thread count changes the float results. (On a machine whose two
+# cores are busy with other work, two threads slow training down a lot: build when it is idle.)
+TRAIN_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ def loss_fn(p: Params, cfg: ModelConfig, data: Packed, rows: torch.Tensor) -> to
     return F.cross_entropy(logits.view(-1, cfg.vocab_size), labels.view(-1), ignore_index=-100)
 
 
-def train_model(cfg: ModelConfig, tc: TrainConfig, data: Packed, log_every_s: float = 3.0) -> tuple[Params, float]:
+def train_model(cfg: ModelConfig, tc: TrainConfig, data: Packed,
+                log_every_s: float = 3.0) -> tuple[Params, float]:
     """Train from a seeded init for `tc.steps` Adam steps; returns the weights and the final loss.
 
     The final loss is the mean over the last 10 steps. Progress goes to stderr.

@@ -1,10 +1,10 @@
 """The engine's embedded default model: a small Llama generated reproducibly on first use.
 
 With no `--model`, the engine serves this model. `ensure_embedded_model()` returns its Hugging Face
-format directory, building it first (about 30 s on 2 CPU cores) when the cache lacks a valid copy:
+format directory, building it first (about 40 s on 2 idle CPU cores) when the cache lacks a valid copy:
 
     corpus (templated stories, facts, chat dialogues) -> byte-level BPE tokenizer
-    -> seeded training of a 4-layer Llama -> config.json, model.safetensors, tokenizer files
+    -> seeded training of a 3-layer Llama -> config.json, model.safetensors, tokenizer files
 
 The cache directory is `<cache root>/models/embedded-v<RECIPE_VERSION>`; the cache root is the
 argument, else `$KERNELLOOP_CACHE`, else `~/.cache/kernelloop`. A build happens in a temporary
@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,10 +36,10 @@ from .bpe import BOS, CHAT_TEMPLATE, EOS, train_tokenizer
 from .corpus import Document, generate_corpus
 from .export import export
 from .model import ModelConfig
-from .train import TrainConfig, pack, train_model
+from .train import TRAIN_THREADS, TrainConfig, pack, train_model
 
-__all__ = ["ensure_embedded_model", "build_embedded_model", "default_cache_root", "verify",
-           "RECIPE_VERSION", "MARKER"]
+__all__ = ["ensure_embedded_model", "build_embedded_model", "build_in_subprocess", "default_cache_root",
+           "verify", "render_document", "RECIPE_VERSION", "MARKER"]
 
 RECIPE_VERSION = 1
 MARKER = "kernelloop-embedded.json"
@@ -82,6 +83,8 @@ def build_embedded_model(out_dir: Path, steps: int | None = None) -> dict:
 
     `steps` shortens training (tests only: a different step count is a different model).
     """
+    if not out_dir.is_dir():
+        raise FileNotFoundError(f"{out_dir} is not a directory")
     start = time.monotonic()
     docs = generate_corpus(N_DOCS, CORPUS_SEED)
     texts = [render_document(d) for d in docs]
@@ -110,6 +113,25 @@ def render_document(doc: Document) -> str:
     return f"{BOS}{doc.text}{EOS}"
 
 
+def build_in_subprocess(out_dir: Path) -> dict:
+    """`build_embedded_model(out_dir)` in a fresh Python process; returns its build facts.
+
+    A fresh process gives every build the same state (threads, loaded libraries) and leaves the
+    caller's torch settings alone. OpenMP workers spin only briefly before sleeping, so a build
+    on cores that are busy with other work slows down a few times, not tens of times.
+    """
+    package_root = Path(__file__).resolve().parents[2]  # the folder holding `engine/`
+    env = {**os.environ, "OMP_NUM_THREADS": str(TRAIN_THREADS), "MKL_NUM_THREADS": str(TRAIN_THREADS),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(package_root), os.environ.get("PYTHONPATH")]))}
+    env.setdefault("GOMP_SPINCOUNT", "10000")
+    proc = subprocess.run([sys.executable, "-m", "engine.embedded", "--build-into", str(out_dir)],
+                          env=env, stdout=subprocess.PIPE, text=True)  # progress: stderr, as is
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the embedded model failed (exit status {proc.returncode}); "
+                           "its output is above")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _write_marker(model_dir: Path, facts: dict) -> None:
     files = {p.name: _sha256(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
     marker = {"recipe_version": RECIPE_VERSION, "files": files, **facts}
@@ -135,7 +157,7 @@ def ensure_embedded_model(cache_dir: Path | None = None) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is readable like any other
         try:
-            facts = build_embedded_model(tmp)
+            facts = build_in_subprocess(tmp)
             _write_marker(tmp, facts)
             if target.exists():  # half-written or stale: move aside, then delete
                 stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=target.parent))

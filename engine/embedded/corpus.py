@@ -7,7 +7,7 @@ Two kinds of documents:
   functions of the question ("What is 3 plus 4?" -> "3 plus 4 is 7."), so a greedy chat request
   to the served model gets a sensible, checkable answer.
 
-Everything is structured enough for a ~2M-parameter model to learn in a few hundred steps, which
+Everything is structured enough for a 1.4M-parameter model to learn in a few hundred steps, which
 makes its next-token distributions sharp (far from uniform): the KL-divergence quality gate needs
 that to notice a wrong kernel.
 """

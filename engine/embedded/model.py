@@ -8,7 +8,7 @@ rotate-half (NeoX) rope, grouped-query causal attention, SwiGLU MLP, tied LM hea
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,16 +33,12 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
 
-    def to_dict(self) -> dict:
-        """The fields, as a plain dict."""
-        return asdict(self)
-
-
 EMBED_STD = 0.08  # above the usual 0.02: with tied embeddings it learns the chat tasks more reliably
 
 
 def init_params(cfg: ModelConfig, generator: torch.Generator) -> Params:
-    """Fresh float32 weights: normal(0, 0.02), output projections scaled by 1/sqrt(2 * layers)."""
+    """Fresh float32 weights: normal(0, 0.02), output projections scaled by 1/sqrt(2 * layers),
+    embeddings normal(0, EMBED_STD), norms 1."""
     std, out_std = 0.02, 0.02 / math.sqrt(2 * cfg.num_hidden_layers)
     h, q, kv, i = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, \
         cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size

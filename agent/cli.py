@@ -8,9 +8,9 @@ import sys
 
 from kernels.errors import KernelloopError
 
-from agent.commands import ops, registry
+from agent.commands import check, ops, registry
 
-COMMANDS = (ops, registry)
+COMMANDS = (ops, check, registry)
 
 
 def build_parser() -> argparse.ArgumentParser:

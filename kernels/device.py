@@ -7,6 +7,7 @@ decoration time whether a kernel is compiled or interpreted; `import kernels` ca
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -40,3 +41,9 @@ def device_fingerprint(device: str | torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(dev)
         return f"{torch.cuda.get_device_name(dev)} sm{major}{minor}"
     raise ValueError(f"unsupported device {device!r}: kernelloop runs on cpu (interpreter) or cuda")
+
+
+def cache_root() -> Path:
+    """Where kernelloop keeps rebuildable files: $KERNELLOOP_CACHE, else ~/.cache/kernelloop."""
+    env = os.environ.get("KERNELLOOP_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "kernelloop"

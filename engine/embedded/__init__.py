@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from engine.tokenizer import render_chat_template
+from kernels.device import cache_root
 
 from .bpe import BOS, CHAT_TEMPLATE, EOS, train_tokenizer
 from .corpus import Document, generate_corpus
@@ -50,8 +51,7 @@ VOCAB_SIZE = 1536
 
 def default_cache_root() -> Path:
     """$KERNELLOOP_CACHE, else ~/.cache/kernelloop."""
-    env = os.environ.get("KERNELLOOP_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "kernelloop"
+    return cache_root()
 
 
 def _sha256(path: Path) -> str:

@@ -1,0 +1,102 @@
+"""`agent check <op> FILES_OR_DIRS...`: judge candidate kernels in the sandbox.
+
+stdout ends with one JSON verdict per candidate (with --json, nothing else goes to stdout), so the
+last line of a single-candidate run is its verdict (DESIGN.md's contract). Exit 0 whenever verdicts
+were reached, whatever they say; 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels import get_op
+from kernels.errors import KernelloopError
+from sandbox import CheckOptions, Sandbox
+
+from agent.render import print_table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="judge candidate kernels: correct, safe and faster? (one JSON verdict each)")
+    p.add_argument("op", help="the op the candidates implement, e.g. rmsnorm")
+    p.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="candidate .py files, or folders of them")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--json", action="store_true", help="print only the JSON verdicts, one per line")
+    p.add_argument("--registry", type=Path, default=None,
+                   help="registry whose current kernel is the baseline (default: $KERNELLOOP_REGISTRY or ~/.local/share/kernelloop/registry)")
+    p.add_argument("--no-timing", action="store_true", help="correctness only (never accepted)")
+    p.add_argument("--min-gain", type=float, default=0.03, help="required lower bound of the speedup interval, minus 1 (default 0.03)")
+    p.add_argument("--dtypes", default=None, help="comma-separated subset to check, e.g. float32,bfloat16")
+    p.add_argument("--shapes", default=None, help='extra shapes as JSON, e.g. \'[{"tokens": 3, "hidden": 96}]\'')
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per candidate (default 180)")
+    p.add_argument("--memory-mb", type=int, default=4096, help="memory per candidate (default 4096)")
+    p.add_argument("--seed", type=int, default=None, help="master seed for inputs (default: secret)")
+    p.add_argument("--fresh-interpreter", action="store_true", help="no fork server: a new interpreter per candidate")
+    p.set_defaults(run=run)
+
+
+def candidate_files(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.glob("*.py") if p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise KernelloopError(f"{raw}: no such file or directory")
+    if not files:
+        raise KernelloopError("no candidate .py files found in " + ", ".join(paths))
+    return files
+
+
+def _shapes(text: str | None) -> tuple[dict, ...]:
+    if not text:
+        return ()
+    try:
+        shapes = json.loads(text)
+    except ValueError as exc:
+        raise KernelloopError(f"--shapes is not JSON: {exc}") from None
+    if not isinstance(shapes, list) or not all(isinstance(s, dict) and all(isinstance(v, int) for v in s.values())
+                                               for s in shapes):
+        raise KernelloopError('--shapes must be a JSON list of objects of integers, e.g. [{"tokens": 3, "hidden": 96}]')
+    return tuple(shapes)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = get_op(args.op)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise KernelloopError("--device cuda: no CUDA device is available")
+    files = candidate_files(args.paths)
+    shapes = _shapes(args.shapes)
+    for shape in shapes:
+        if set(shape) != set(spec.test_shapes[0]):
+            raise KernelloopError(f"--shapes: {spec.name} shapes have keys {sorted(spec.test_shapes[0])}, got {sorted(shape)}")
+    options = CheckOptions(
+        device=device, registry=args.registry, dtypes=tuple(args.dtypes.split(",")) if args.dtypes else (),
+        shapes=shapes, timing=not args.no_timing, min_gain=args.min_gain, timeout_s=args.timeout,
+        memory_mb=args.memory_mb, seed=args.seed, fork_server=not args.fresh_interpreter)
+    verdicts = []
+    with Sandbox(options, progress=None) as sandbox:
+        for i, path in enumerate(files, 1):
+            print(f"[{i}/{len(files)}] {path} ...", file=sys.stderr, flush=True)
+            v = sandbox.judge_source(spec.name, path.read_text(errors="replace"), str(path))
+            print(f"[{i}/{len(files)}] {path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"
+                  f" ({v.duration_s:.1f} s) {v.reason}", file=sys.stderr, flush=True)
+            verdicts.append(v)
+            if args.json:
+                print(v.json_line(), flush=True)
+    if not args.json:
+        rows = [(Path(v.file).name, "yes" if v.correct else "no", "yes" if v.accepted else "no",
+                 f"{v.speedup:.3f}x" if v.speedup is not None else "-", v.failure or "-", v.reason) for v in verdicts]
+        print_table(f"agent check {spec.name} on {verdicts[0].device}",
+                    ("candidate", "correct", "accepted", "speedup", "failure", "reason"), rows)
+        for v in verdicts:
+            print(v.json_line())
+    return 0

@@ -1,0 +1,42 @@
+"""What a sandbox run is asked to do: one frozen bundle of options, shared by every candidate of a batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """Options of `judge_files` (and `agent check`).
+
+    device:       "cpu" (Triton interpreter) or "cuda".
+    registry:     registry whose current choice is the timing baseline; None: the default registry.
+    dtypes:       dtype names to check; empty: every dtype the op supports.
+    shapes:       extra shapes to check (e.g. those an engine profile saw), on top of the op's own.
+    timing_shape: the shape timed A/B; None: a default per device (see sandbox.plan).
+    timing_dtype: the dtype timed; None: float32 on CPU, bfloat16 on CUDA (when supported).
+    timing:       False skips the A/B timing (correctness only; `accepted` is then False).
+    min_gain:     accept only when the speedup interval's lower bound exceeds 1 + min_gain.
+    rounds:       interleaved A/B timing rounds; None: 7 on CPU, 15 on CUDA.
+    timeout_s:    wall-clock limit of one candidate's whole run.
+    memory_mb:    memory a candidate may use beyond the pre-warmed process it starts from.
+    seed:         master seed for input seeds; None: secret (drawn from os.urandom per batch).
+    static_check: False skips the static pre-check (tests use it to prove the runtime guards).
+    fork_server:  False starts a fresh interpreter per candidate (slower; the benchmark's reference).
+    """
+
+    device: str = "cpu"
+    registry: Path | None = None
+    dtypes: tuple[str, ...] = ()
+    shapes: tuple[dict, ...] = field(default_factory=tuple)
+    timing_shape: dict | None = None
+    timing_dtype: str | None = None
+    timing: bool = True
+    min_gain: float = 0.03
+    rounds: int | None = None
+    timeout_s: float = 180.0
+    memory_mb: int = 4096
+    seed: int | None = None
+    static_check: bool = True
+    fork_server: bool = True

@@ -1,0 +1,76 @@
+"""The verdict: the sandbox's answer about one candidate, and its JSON form (a contract, DESIGN.md).
+
+`failure` is a stable code a program can act on; `reason` is one line a person can act on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Codes of `Verdict.failure`, in the order a run can reach them.
+FAILURES = (
+    "static",             # rejected before any process started: syntax, signature, forbidden code
+    "load",               # the module raised while being imported
+    "sandbox-violation",  # a runtime guard blocked an escape (file, network, process, import, thread)
+    "crash",              # the process died, or exited before its verdict
+    "timeout",            # the wall-clock limit passed
+    "memory",             # the memory limit was hit
+    "raised",             # forward raised
+    "bad-output",         # not plain tensors of the right count, shape, dtype and device
+    "aliasing",           # an output shares memory with an input
+    "input-mutated",      # an input changed
+    "mismatch",           # wrong values (incl. elements left unwritten, which are NaN-poisoned)
+    "nondeterministic",   # two calls on the same inputs differ bitwise
+    "torch-compute",      # torch computed on the candidate's path (only allocation/view/copy/fill allowed)
+    "no-triton",          # no Triton kernel was launched
+    "launch-independent",  # the output was right with every Triton launch suppressed
+    "not-faster",         # correct, but the speedup's lower bound missed the required gain
+    "impossible-speedup",  # correct, but faster than the op's roofline allows: the timing is not real
+)
+
+
+@dataclass
+class Check:
+    """One correctness trial (or one named check) and its outcome."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Verdict:
+    op: str
+    device: str                      # device fingerprint, e.g. "cpu-interpreter", "NVIDIA H200 sm90"
+    file: str
+    sha256: str
+    correct: bool = False
+    accepted: bool = False
+    speedup: float | None = None     # median over rounds of baseline time / candidate time
+    speedup_interval: list[float] | None = None  # 95% bootstrap interval of that median
+    reason: str = ""
+    failure: str | None = None       # one of FAILURES, None when accepted
+    stage: str = "static"            # static | load | correctness | timing | done
+    baseline: str = "baseline"       # what the candidate was timed against
+    timing: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    isolation: dict[str, str] = field(default_factory=dict)
+    log_tail: str = ""               # the candidate's own stdout/stderr, last lines: data, never parsed
+    duration_s: float = 0.0
+
+    def fail(self, failure: str, reason: str) -> "Verdict":
+        assert failure in FAILURES, failure
+        if self.failure is None:  # the first failure is the verdict's
+            self.failure, self.reason = failure, reason.splitlines()[0] if reason else failure
+            self.accepted = False
+            if failure not in ("not-faster", "impossible-speedup"):
+                self.correct = False
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def json_line(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"))

@@ -65,8 +65,10 @@ def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dic
     """Cut the process off from the machine; returns a description for the verdict."""
     os.setsid()
     facts = {"process_group": "own session"}
-    facts["network"] = _new_network_namespace()
+    # CUDA inside a fresh user namespace is untested here: on CUDA the audit hook alone cuts the network.
+    facts["network"] = _new_network_namespace() if device == "cpu" else "audit-hook"
     limits = {
+        resource.RLIMIT_NPROC: _user_tasks() + 64,  # counts threads of every process of the user; root is exempt
         resource.RLIMIT_CPU: cpu_seconds,
         resource.RLIMIT_NOFILE: 256,
         resource.RLIMIT_FSIZE: 256 << 20,
@@ -78,7 +80,8 @@ def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dic
         soft, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
-    facts["limits"] = f"cpu {cpu_seconds}s, 256 files, 256 MiB files, memory +{memory_mb} MiB"
+    facts["limits"] = (f"cpu {cpu_seconds}s, 256 files, 256 MiB files, processes/threads +64, "
+                       + (f"address space +{memory_mb} MiB" if device == "cpu" else f"RSS {memory_mb} MiB (judge)"))
     keep = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
     os.environ.clear()
     os.environ.update(keep)
@@ -87,6 +90,19 @@ def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dic
     os.chdir(scratch)
     facts["filesystem"] = f"writes only under {scratch}"
     return facts
+
+
+def _user_tasks() -> int:
+    """Threads of all of this user's processes: what RLIMIT_NPROC counts."""
+    uid, count = os.getuid(), 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry}/task"))
+            except OSError:
+                pass
+    return count
 
 
 def _address_space_bytes() -> int:

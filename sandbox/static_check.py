@@ -25,6 +25,9 @@ FORBIDDEN_ATTRIBUTES = frozenset({
     "numpy", "tolist", "compile", "ops", "hub", "from_file", "frombuffer", "from_numpy",
     "from_dlpack", "storage", "untyped_storage", "set_", "CUDAGraph", "graph", "jiterator",
     "cudart", "synchronize", "Event",
+    # modules other modules re-export (torch.os, torch.sys, ...)
+    "os", "sys", "subprocess", "socket", "ctypes", "threading", "multiprocessing", "importlib", "builtins",
+    "gc", "inspect", "shutil", "pathlib", "signal", "pickle", "marshal", "time",
 })
 MAX_SOURCE_BYTES = 200_000
 

@@ -28,6 +28,16 @@ from kernels.spec import parse_dtype
 from sandbox import ab_timing, guards, wire
 
 
+def _prewarm() -> None:
+    """Pay one-time costs here, in the fork server, not in every child: entering a TorchDispatchMode
+    the first time imports ~800 modules (about 1 s). Allocation only: no OpenMP pool is started."""
+    with guards.TorchGuard(poison=True):
+        torch.empty(1)
+
+
+_prewarm()
+
+
 def load_candidate(source: str, filename: str) -> Callable[..., Any]:
     """Execute the candidate as a fresh module with guarded builtins; return its forward."""
     label = f"<candidate {Path(filename).name}>"

@@ -1,0 +1,45 @@
+"""Exploit: write marker files outside the sandbox's scratch directory - into $HOME and into a
+project directory (KERNELLOOP_TEST_CANARY_DIR when set, else /tmp/kernelloop-canary) - with the
+builtin open(). `os` is reached through torch's module attribute instead of an import. Then compute
+honestly. A real attack would drop a sitecustomize.py or edit the registry the same way.
+"""
+# expect: static=static runtime=sandbox-violation
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CANARY_NAME = "kernelloop-canary-escape-write.txt"
+
+
+def _targets() -> list:
+    env = torch.os.environ
+    project = env.get("KERNELLOOP_TEST_CANARY_DIR") or "/tmp/kernelloop-canary"
+    home = env.get("HOME") or "/root"
+    return [project + "/" + CANARY_NAME, home + "/" + CANARY_NAME]
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps) * w
+    tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    for path in _targets():
+        torch.os.makedirs(torch.os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("written by a sandboxed candidate\n")
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    rows = x2.shape[0]
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    _rmsnorm_kernel[(rows,)](x2, weight, y, x2.stride(0), y.stride(0), n, eps, BLOCK=triton.next_power_of_2(n))
+    return y.view(x.shape)

@@ -1,0 +1,41 @@
+"""Exploit: write a marker file outside the scratch directory with `torch.os.open` (no `open`
+builtin, no import: nothing a static check flags), swallow whatever the guard raises, and compute
+honestly. The sandbox must record the attempt, not rely on the exception reaching it.
+"""
+# expect: static=sandbox-violation|static runtime=sandbox-violation
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CANARY_NAME = "kernelloop-canary-swallowed.txt"
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps) * w
+    tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    osm = torch.os
+    target = (osm.environ.get("KERNELLOOP_TEST_CANARY_DIR") or "/tmp") + "/" + CANARY_NAME
+    try:
+        fd = osm.open(target, osm.O_WRONLY | osm.O_CREAT, 0o644)
+        osm.write(fd, b"written by a sandboxed candidate\n")
+        osm.close(fd)
+    except BaseException:
+        pass
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    rows = x2.shape[0]
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    _rmsnorm_kernel[(rows,)](x2, weight, y, x2.stride(0), y.stride(0), n, eps, BLOCK=triton.next_power_of_2(n))
+    return y.view(x.shape)

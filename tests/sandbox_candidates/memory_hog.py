@@ -1,0 +1,24 @@
+"""Exploit (or a leak): grab host memory 50 MB at a time, forever (pages are written, so they are
+really resident). The sandbox must stop it at its memory limit.
+"""
+# expect: static=memory runtime=memory
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_HOARD: list = []
+
+
+@triton.jit
+def _noop(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _noop[(1,)](x, 1, BLOCK=16)
+    while True:
+        _HOARD.append(bytearray(b"\x01") * 50_000_000)

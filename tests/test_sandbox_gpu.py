@@ -1,0 +1,41 @@
+"""The sandbox on CUDA (run by bench/gpu_check.sh): compiled candidates, graph timing, side streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox import CheckOptions, Sandbox
+
+pytestmark = pytest.mark.gpu
+TESTS = Path(__file__).resolve().parent
+
+
+def judge(op: str, path: Path, **kw) -> object:  # noqa: ANN003
+    options = CheckOptions(device="cuda", registry=Path("/nonexistent-kernelloop-registry"), seed=11, rounds=5, **kw)
+    with Sandbox(options) as sandbox:
+        return sandbox.judge_source(op, path.read_text(), str(path))
+
+
+def test_an_honest_variant_is_correct_on_cuda() -> None:
+    v = judge("rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_multirow.py")
+    assert v.correct, v.reason
+    assert v.timing["modes"] and v.speedup is not None
+
+
+def test_small_kernels_are_timed_as_graph_replays() -> None:
+    v = judge("rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_row.py", timing_shape={"tokens": 1, "hidden": 4096})
+    assert v.correct, v.reason
+    assert v.timing["modes"] == ["cuda-graph"]
+
+
+def test_work_on_a_side_stream_is_not_accepted() -> None:
+    v = judge("rmsnorm", TESTS / "sandbox_candidates_gpu" / "side_stream.py", static_check=False,
+              timing_shape={"tokens": 1, "hidden": 4096})
+    assert not v.accepted, v.reason
+
+
+def test_torch_fallback_is_caught_on_cuda() -> None:
+    v = judge("rmsnorm", TESTS / "sandbox_candidates" / "torch_fallback.py", timing=False)
+    assert v.failure in ("torch-compute", "no-triton"), v.reason

@@ -15,6 +15,7 @@ unjoined side streams).
 from __future__ import annotations
 
 import time
+from statistics import median as _median
 from typing import Any, Callable
 
 import torch
@@ -27,11 +28,6 @@ _graph = torch.cuda.graph
 L2_FLUSH_BYTES = 256 << 20
 GRAPH_BELOW_S = 20e-6
 
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def _time_cpu(fn: Callable[[], Any], calls: int) -> tuple[list[float], Any]:

@@ -63,9 +63,9 @@ class ChildHandle:
     def __init__(self, pid: int, conn: Connection, wait: Any) -> None:
         self.pid, self.conn, self._wait = pid, conn, wait
 
-    def exit_status(self) -> int | None:
-        """waitpid-style: negative = killed by that signal. None if unknown."""
-        return self._wait()
+    def exit_status(self, timeout: float) -> int | None:
+        """waitpid-style: negative = killed by that signal. None if not known within `timeout` seconds."""
+        return self._wait(timeout)
 
 
 class ForkServer:
@@ -94,11 +94,18 @@ class ForkServer:
             os.close(w)
         reply, _ = _recv_msg(sock)
 
-        def wait() -> int | None:
+        def wait(timeout: float) -> int | None:
+            sock.settimeout(timeout)
             try:
                 return _recv_msg(sock)[0]["status"]
-            except (EOFError, OSError, ValueError, KeyError):
+            except TimeoutError:
                 return None
+            except (EOFError, OSError, ValueError, KeyError):  # the server died: start a new one next time
+                self.close()
+                return None
+            finally:
+                if self._sock is sock:
+                    sock.settimeout(None)
 
         return ChildHandle(reply["pid"], Connection(r, writable=False), wait)
 
@@ -106,7 +113,10 @@ class ForkServer:
         if self._sock is not None:
             self._sock.close()
         if self._proc is not None:
-            self._proc.wait(timeout=10)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
         self._proc = self._sock = None
 
 
@@ -119,9 +129,9 @@ def start_fresh(job: dict[str, Any]) -> ChildHandle:
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
 
-    def wait() -> int | None:
+    def wait(timeout: float) -> int | None:
         try:
-            return proc.wait(timeout=10)
+            return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
 

@@ -7,6 +7,7 @@ so the candidate's process never holds them. The first failure decides the verdi
 from __future__ import annotations
 
 import random
+from statistics import median as _median
 from typing import Any
 
 import torch
@@ -81,11 +82,6 @@ def judge_trial(v: Verdict, spec: OpSpec, trial: dict[str, Any], facts: dict[str
         v.fail("nondeterministic", f"{where}: two calls on the same inputs gave different bits")
     v.checks.append(Check(where, v.failure is None, f"{comparison.tol_fraction:.2f} of tolerance"))
 
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def speedup_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:

@@ -164,8 +164,9 @@ class Sandbox:
                 try:
                     header, tensors = wire.receive(receiver)
                 except (EOFError, OSError):
-                    code = status = child.exit_status()
-                    how = f"killed by signal {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
+                    code = status = child.exit_status(timeout=2.0)  # None: it closed the pipe but lives on
+                    how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+                           else f"exit status {code}" if code is not None else "it closed its channel")
                     v.fail("crash", f"the candidate's process died during {phase} ({how})")
                     break
                 except wire.ProtocolError as exc:
@@ -175,7 +176,7 @@ class Sandbox:
         finally:
             _kill_session(child.pid)
             if status is None:
-                child.exit_status()  # reap it (and keep the fork server's replies in step)
+                child.exit_status(timeout=30.0)  # reap it (and keep the fork server's replies in step)
             receiver.close()
 
     def _handle(self, spec: Any, header: dict, tensors: list, trials: dict, plan: dict, v: Verdict,

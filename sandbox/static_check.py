@@ -95,10 +95,12 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _check_targets(self, targets: list[ast.AST]) -> None:
+        # Attribute assignment only on `self`: anything else may be a module reached through a variable.
         for target in targets:
             for node in ast.walk(target):
-                if isinstance(node, ast.Attribute) and _root_name(node) in self.module_aliases:
-                    self.flag(node, f"assigning to {ast.unparse(node)} (monkeypatching a module) is not allowed")
+                if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                    what = "monkeypatching a module" if _root_name(node) in self.module_aliases else "only self.<name> may be set"
+                    self.flag(node, f"assigning to {ast.unparse(node)} ({what}) is not allowed")
 
     def visit_Assign(self, node: ast.Assign) -> None:
         self._check_targets(node.targets)

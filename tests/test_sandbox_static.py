@@ -40,6 +40,7 @@ def test_allowed_forms_pass() -> None:
     ("g = getattr(torch, 'allclose')", 4, "'getattr'"),
     ("torch.allclose = lambda *a, **k: True", 4, "monkeypatching"),
     ("tl.sum += 1", 4, "monkeypatching"),
+    ("t = torch\nt.allclose = None", 5, "only self."),
     ("torch.utils.cpp_extension.load_inline('x', '')", 4, ".cpp_extension"),
     ("s = torch.cuda.Stream()", 4, ".Stream"),
     ("v = torch.ones(2).tolist()", 4, ".tolist"),

@@ -34,6 +34,7 @@ from sandbox.verdict import Verdict
 CUDA_EXECUTABLES = frozenset({"ptxas", "cc", "gcc", "clang", "x86_64-linux-gnu-gcc", "ldconfig", "ldconfig.real",
                               "cuobjdump", "nvdisasm"})
 LOG_TAIL_CHARS = 2000
+_BASE_RSS = 1 << 30  # the pre-warmed process's own footprint (torch + triton), not charged to the candidate
 Progress = Callable[[str], None]
 
 
@@ -219,9 +220,6 @@ class Sandbox:
                 v.fail("crash", "the candidate's process finished without running every trial")
             return phase, True
         return phase, False
-
-
-_BASE_RSS = 1 << 30  # the pre-warmed process's own footprint (torch + triton), not charged to the candidate
 
 
 def judge_files(op: str, paths: list[Path], options: CheckOptions, progress: Progress | None = None) -> list[Verdict]:

@@ -8,9 +8,9 @@ import sys
 
 from kernels.errors import KernelloopError
 
-from agent.commands import check, ops, registry
+from agent.commands import check, history, ops, profile, registry, report
 
-COMMANDS = (ops, check, registry)
+COMMANDS = (ops, check, profile, registry, history, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from engine.errors import EngineError
 from engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
 from engine.model import LlamaModel
 from engine.radix_cache import RadixCache
+from engine.recorder import Recorder, region
 from engine.request import Request
 from engine.sampler import Sampler, TokenLogprobs, make_generator
 from engine.sampling import SamplingParams
@@ -95,6 +96,7 @@ class Engine:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0, "forwards": 0}
+        self.recorder: Recorder | None = None
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -129,23 +131,33 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """Run one forward (prefill or decode) and return what it produced."""
+        if self.recorder is None:
+            return self._step(None)
+        with self.recorder.region("step"):
+            return self._step(self.recorder)
+
+    def _step(self, rec: Recorder | None) -> list[StepOutput]:
         outputs = [self._finished_output(r, []) for r in self._drain_stopped()]
-        batch = self.scheduler.schedule()
+        with region(rec, "schedule"):
+            batch = self.scheduler.schedule()
+            forward_batch = self._forward_batch(batch) if batch is not None else None
         if batch is None:
             return outputs
-        forward_batch = self._forward_batch(batch)
-        if self.graphs is not None and self.graphs.can_run(forward_batch):
-            logits = self.graphs.run(forward_batch)
-        else:
-            logits = self.model.forward(forward_batch, self.pool, self.kernels)
+        with region(rec, "forward"):
+            if rec is None and self.graphs is not None and self.graphs.can_run(forward_batch):
+                logits = self.graphs.run(forward_batch)  # graphs hide per-op times: eager while profiling
+            else:
+                logits = self.model.forward(forward_batch, self.pool, self.kernels)
         self.stats["forwards"] += 1
         self.scheduler.advance(batch)
         sampled = [i for i, s in enumerate(batch.samples) if s]
         if not sampled:
             return outputs
         reqs = [batch.requests[i] for i in sampled]
-        result = self.sampler.sample(logits[sampled], [r.params for r in reqs], [r.generator for r in reqs])
-        for req, token, lp in zip(reqs, result.tokens.tolist(), result.logprobs):
+        with region(rec, "sample"):
+            result = self.sampler.sample(logits[sampled], [r.params for r in reqs], [r.generator for r in reqs])
+            tokens = result.tokens.tolist()
+        for req, token, lp in zip(reqs, tokens, result.logprobs):
             outputs.append(self._accept(req, token, lp))
         return outputs
 
@@ -158,6 +170,25 @@ class Engine:
         for r in reqs:
             self.requests.pop(r.rid, None)
         return reqs
+
+    def start_recording(self, trace: bool = False) -> None:
+        """Time every step's regions and every op call until `stop_recording()` (between steps)."""
+        rec = Recorder(self.device, trace=trace)
+        self.recorder = self.model.recorder = rec
+        self.kernels.observer = rec.op
+        self._stats_at_start = dict(self.stats)
+
+    def stop_recording(self) -> dict:
+        """The recorder's raw seconds plus the engine counters over the recording (see engine/recorder.py)."""
+        rec = self.recorder
+        if rec is None:
+            return {}
+        self.recorder = self.model.recorder = None
+        self.kernels.observer = None
+        raw = rec.collect()
+        raw["counters"] = {k: v - self._stats_at_start.get(k, 0) for k, v in self.stats.items()}
+        raw["variants"] = self.kernels.variants_in_use()
+        return raw
 
     def reload_kernels(self) -> dict:
         """Re-read the kernel registry (between steps); returns the variants that changed."""

@@ -88,7 +88,8 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok" if loop.error is None else "degraded", "last_error": loop.error}
+        return {"status": "ok" if loop.error is None else "degraded", "last_error": loop.error,
+                "device": engine.kernels.device, "kernels": engine.kernels.mode, "model": model_name}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -1,1 +1,11 @@
-"""History: built by a later issue (see docs/ARCHITECTURE.md)."""
+"""The history: one SQLite file recording profiles, candidates, verdicts, registry events and runs.
+
+`History(path)` opens (and creates or migrates) it; `default_history_path()` is
+$KERNELLOOP_HISTORY, else $XDG_DATA_HOME/kernelloop/history.db.
+"""
+
+from history.db import HistoryError, default_history_path
+from history.schema import SCHEMA_VERSION
+from history.store import History
+
+__all__ = ["History", "HistoryError", "SCHEMA_VERSION", "default_history_path"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, ContextManager, Literal, Mapping
 
 from kernels.device import device_fingerprint
 from kernels.errors import RegistryError
@@ -45,6 +45,13 @@ class OpDispatch:
         self._where: dict[tuple, tuple[str, str]] = {}  # dispatch key -> (dtype name, bucket)
 
     def __call__(self, *args: Any) -> Any:
+        observer = self._owner.observer
+        if observer is None:
+            return self._dispatch(args)
+        with observer(self.spec, args):
+            return self._dispatch(args)
+
+    def _dispatch(self, args: tuple) -> Any:
         key = self._key(*args)
         chain = self._cache.get(key)
         if chain is None:
@@ -56,7 +63,7 @@ class OpDispatch:
                 raise
             log.exception("%s variant %s failed; falling back to %s", self.spec.name, chain[0].name, chain[1].name)
             self._cache = {**self._cache, key: chain[1:]}
-            return self(*args)
+            return self._dispatch(args)
 
     def _miss(self, key: tuple, args: tuple) -> list[Variant]:
         where = (dtype_name(args[0].dtype), self.spec.bucket(self.spec.shape_of(*args)))
@@ -96,6 +103,8 @@ class Dispatcher:
         self.registry = registry if registry is not None else (Registry() if mode == "registry" else None)
         self.device = device_fingerprint(device)
         self.registry_error: str | None = None
+        # Profiling hook: observer(spec, args) -> context manager around each call; None costs one check.
+        self.observer: Callable[[OpSpec, tuple], ContextManager] | None = None
         self._entries = self._read_entries()
         self._loaded: dict[str, Callable | None] = {}
         self.ops: dict[str, OpDispatch] = {name: OpDispatch(spec, self) for name, spec in ops.items()}

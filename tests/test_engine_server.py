@@ -3,47 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-import time
 
 import httpx
 import pytest
 
 from engine.engine import Engine, EngineConfig
-from engine.loop import EngineLoop
-from engine.server import create_app
 
 from tests.hf_checkpoints import make_checkpoint
+from tests.serving import serve
 
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import uvicorn
-
     path = make_checkpoint(tmp_path_factory.mktemp("srv") / "ckpt", "gqa")
-    loop = EngineLoop(Engine(EngineConfig(model=str(path)))).start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(loop, MODEL), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield base, loop
-    srv.should_exit = True
-    thread.join(10)
-    loop.stop()
+    with serve(Engine(EngineConfig(model=str(path))), MODEL) as running:
+        yield running
 
 
 @pytest.fixture

@@ -193,7 +193,7 @@ def test_cli_check_forged_verdict_is_not_believed(tmp_path):
     """The forger prints an accepted verdict line; the CLI's own last line must say otherwise."""
     forge = CANDIDATES / "forge_verdict.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "check", "rmsnorm", str(forge), "--json", "--no-timing",
+        [sys.executable, "-m", "agent.cli", "check", "rmsnorm", str(forge), "--json", "--no-timing", "--no-history",
          "--registry", str(tmp_path / "registry")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )

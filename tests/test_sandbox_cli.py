@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from history import History
 from kernels.ops import get_op
 from kernels.registry import Registry
 from kernels.registry.entry import Provenance
@@ -45,7 +46,7 @@ def test_a_directory_gives_one_verdict_per_file_and_the_last_line_is_json(tmp_pa
     (folder / "a_good.py").write_text((CANDIDATES / "control_rmsnorm_row.py").read_text())
     (folder / "b_static.py").write_text("import os\ndef forward(x, weight, eps):\n    return x\n")
     result = agent("check", "rmsnorm", str(folder), "--no-timing", "--json", "--dtypes", "float32",
-                   "--registry", str(tmp_path / "reg"), env_home=tmp_path)
+                   "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), env_home=tmp_path)
     assert result.returncode == 0, result.stderr
     verdicts = [json.loads(line) for line in result.stdout.splitlines()]
     assert [Path(v["file"]).name for v in verdicts] == ["a_good.py", "b_static.py"]
@@ -53,6 +54,9 @@ def test_a_directory_gives_one_verdict_per_file_and_the_last_line_is_json(tmp_pa
     assert verdicts[1]["failure"] == "static" and verdicts[1]["reason"].startswith("line 1:")
     for v in verdicts:
         assert {"op", "device", "correct", "accepted", "speedup", "reason"} <= set(v)
+    with History(tmp_path / "h.db") as history:  # every attempt is recorded, with its verdict
+        attempts = history.attempts(op="rmsnorm")
+    assert sorted(a["failure"] or "none" for a in attempts) == ["none", "static"]
 
 
 def test_fresh_interpreter_mode_gives_the_same_verdicts(tmp_path: Path) -> None:

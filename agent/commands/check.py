@@ -16,6 +16,7 @@ import torch
 
 from kernels import get_op
 from kernels.errors import KernelloopError
+from history import History
 from sandbox import CheckOptions, Sandbox
 
 from agent.render import print_table
@@ -36,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per candidate (default 180)")
     p.add_argument("--memory-mb", type=int, default=4096, help="memory per candidate (default 4096)")
     p.add_argument("--seed", type=int, default=None, help="master seed for inputs (default: secret)")
+    p.add_argument("--history", type=Path, default=None, metavar="PATH",
+                   help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
+    p.add_argument("--no-history", action="store_true", help="do not record the attempts")
     p.add_argument("--fresh-interpreter", action="store_true", help="no fork server: a new interpreter per candidate")
     p.set_defaults(run=run)
 
@@ -83,15 +87,21 @@ def run(args: argparse.Namespace) -> int:
         shapes=shapes, timing=not args.no_timing, min_gain=args.min_gain, timeout_s=args.timeout,
         memory_mb=args.memory_mb, seed=args.seed, fork_server=not args.fresh_interpreter)
     verdicts = []
+    history = None if args.no_history else History(args.history)
     with Sandbox(options, progress=None) as sandbox:
         for i, path in enumerate(files, 1):
             print(f"[{i}/{len(files)}] {path} ...", file=sys.stderr, flush=True)
-            v = sandbox.judge_source(spec.name, path.read_text(errors="replace"), str(path))
+            source = path.read_text(errors="replace")
+            v = sandbox.judge_source(spec.name, source, str(path))
+            if history is not None:
+                history.record_attempt(spec.name, source, "human", v.to_json())
             print(f"[{i}/{len(files)}] {path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"
                   f" ({v.duration_s:.1f} s) {v.reason}", file=sys.stderr, flush=True)
             verdicts.append(v)
             if args.json:
                 print(v.json_line(), flush=True)
+    if history is not None:
+        history.close()
     if not args.json:
         rows = [(Path(v.file).name, "yes" if v.correct else "no", "yes" if v.accepted else "no",
                  f"{v.speedup:.3f}x" if v.speedup is not None else "-", v.failure or "-", v.reason) for v in verdicts]

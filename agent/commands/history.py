@@ -1,0 +1,62 @@
+"""`agent history`: what the loop tried, newest first (candidates with their latest verdict)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from history import History, default_history_path
+from kernels import get_op
+
+from agent.render import print_json, print_table
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def add_history_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--history", default=None, metavar="PATH",
+                   help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("history", help="attempts the loop made: candidates, verdicts, speedups, rejections")
+    p.add_argument("--op", default=None, help="only this op")
+    p.add_argument("--limit", type=positive_int, default=50, help="at most this many attempts (default 50)")
+    p.add_argument("--search", default=None, metavar="TEXT", help="full-text search over sources and verdict reasons")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    add_history_argument(p)
+    p.set_defaults(run=run)
+
+
+def _judgement(row: dict) -> str:
+    if row["verdict_id"] is None:
+        return "pending"
+    if row["accepted"]:
+        return "accepted"
+    return "correct" if row["correct"] else "wrong"
+
+
+def run(args: argparse.Namespace) -> int:
+    path = default_history_path() if args.history is None else Path(args.history).expanduser()
+    if not path.exists():  # a read never creates the file
+        print(f"no history yet at {path}")
+        return 0
+    if args.op:
+        get_op(args.op)  # unknown op: one clear line, exit 2
+    with History(path) as hist:
+        rows = hist.attempts(op=args.op, limit=args.limit, search=args.search)
+    if args.json:
+        print_json(rows)
+        return 0
+    table = [(r["created_at"][:19].replace("T", " "), r["op"], r["proposer"], (r["sha256"] or "")[:10], _judgement(r),
+              "" if r["speedup"] is None else f"{r['speedup']:.3f}x", r["failure"] or "", r["reason"] or "")
+             for r in rows]
+    what = f" matching {args.search!r}" if args.search else ""
+    print_table(f"history {path} ({len(rows)} attempts{what}, newest first)",
+                ("time (UTC)", "op", "proposer", "sha256", "verdict", "speedup", "failure", "reason"), table)
+    return 0

@@ -1,0 +1,118 @@
+"""`agent profile`: where the engine's time goes, per op (with shapes and roofline) and for the rest.
+
+With `--engine URL` it profiles a running engine over HTTP while driving the built-in agent-shaped
+workload through it; without, it starts an engine in this process on the embedded model. The
+profile is printed (a table, or JSON with --json) and recorded in the history database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from kernels.errors import KernelloopError
+from profiler.workload import agent_workload
+
+from agent.render import print_json, print_table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="profile the engine: time per op, shapes, roofline, tokens/s, TTFT, TPOT")
+    p.add_argument("--engine", default=None, metavar="URL", help="a running engine (default: start one in-process)")
+    p.add_argument("--seconds", type=float, default=120.0, help="time limit of the workload (default 120)")
+    p.add_argument("--requests", type=int, default=16, help="requests in the built-in workload (default 16)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--model", default=None, metavar="DIR", help="in-process only: model directory (default: the embedded model)")
+    p.add_argument("--kernels", choices=("reference", "baseline", "registry"), default="reference",
+                   help="in-process only: which kernels the engine runs (default reference: fast on CPU)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="in-process only (default: cuda if available)")
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                   help="in-process only: write a Chrome trace (opens in Perfetto)")
+    p.add_argument("--ncu", default=None, metavar="OP",
+                   help="also collect Nsight Compute metrics for OP's kernel (GPU with ncu; a one-line skip otherwise)")
+    p.add_argument("--history", type=Path, default=None, metavar="PATH", help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
+    p.add_argument("--no-history", action="store_true", help="do not record the profile")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.set_defaults(run=run)
+
+
+def _progress(message: str) -> None:
+    print(f"\r{message}", end="", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.requests < 1 or args.concurrency < 1 or args.seconds <= 0:
+        raise KernelloopError("--requests, --concurrency and --seconds must be positive")
+    workload = agent_workload(args.requests, seed=args.seed)
+    if args.engine:
+        if args.trace is not None:
+            raise KernelloopError("--trace needs an in-process engine (drop --engine)")
+        from profiler.http import profile_url
+
+        profile = profile_url(args.engine, workload, concurrency=args.concurrency, seconds=args.seconds,
+                              progress=_progress)
+    else:
+        profile = _profile_in_process(args, workload)
+    print(file=sys.stderr)
+    if args.ncu:
+        from kernels import get_op
+        from profiler.ncu import ncu_metrics
+
+        get_op(args.ncu)  # an unknown op is a usage error
+        profile["ncu"] = ncu_metrics(args.ncu)
+    if not args.no_history:
+        profile["history_id"] = _record(args.history, profile)
+    if args.json:
+        print_json(profile)
+    else:
+        show(profile)
+    return 0
+
+
+def _profile_in_process(args: argparse.Namespace, workload: list) -> dict[str, Any]:
+    import torch
+
+    from engine.engine import Engine, EngineConfig
+    from profiler.inprocess import profile_engine
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"starting an in-process engine ({args.model or 'embedded model'}, {device}, kernels={args.kernels})",
+          file=sys.stderr, flush=True)
+    engine = Engine(EngineConfig(model=args.model, device=device, kernels=args.kernels))
+    return profile_engine(engine, workload, concurrency=args.concurrency, seconds=args.seconds,
+                          trace_path=args.trace, progress=_progress)
+
+
+def _record(path: Path | None, profile: dict[str, Any]) -> int:
+    from history import History
+
+    with History(path) as history:
+        return history.record_profile(profile)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def show(profile: dict[str, Any]) -> None:
+    rows = [(r["name"], r["calls"], _fmt(r["total_s"] * 1e3, ".1f"), _fmt(r["mean_us"], ".1f"),
+             f"{100 * r['share']:.1f}%", r["variant"] or "-", _fmt(r["roofline_pct"], ".2f"),
+             "; ".join(f"{s['dtype']} {s['bucket']} x{s['calls']}" for s in r["shapes"][:2]) or "-")
+            for r in profile["rows"]]
+    title = (f"profile of {profile['engine']} on {profile['device']} (kernels={profile['kernels']})"
+             + (f" — PARTIAL: {profile['partial_reason']}" if profile["partial"] else ""))
+    print_table(title, ("row", "calls", "total ms", "mean us", "share", "variant", "% roofline", "top shapes"), rows)
+    print(f"{profile['requests']} requests, {profile['output_tokens']} output tokens in {profile['wall_seconds']:.1f} s: "
+          f"{profile['tokens_per_second']:.1f} tokens/s; TTFT median {_fmt(profile.get('ttft_ms_median'), '.1f')} ms, "
+          f"TPOT median {_fmt(profile.get('tpot_ms_median'), '.1f')} ms; prefix-cache hit rate "
+          f"{_fmt(None if profile['prefix_hit_rate'] is None else 100 * profile['prefix_hit_rate'], '.0f')}%")
+    if "ncu" in profile:
+        n = profile["ncu"]
+        print(f"ncu {n['op']}: " + (", ".join(f"{k} {v:.4g}" for k, v in n["metrics"].items()) if n["available"]
+                                    else f"skipped: {n['reason']}"))
+    if profile["timing_label"] == "cpu-interpreter":
+        print("CPU timings (device cpu-interpreter): `reference` ops are torch on the CPU, `baseline` and registry "
+              "kernels run in Triton's interpreter; none of it says anything about a GPU")

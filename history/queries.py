@@ -1,0 +1,132 @@
+"""Reading the history: the queries `History` offers (a mixin over its connection).
+
+Every query returns plain dicts (JSON-ready: booleans as bool, JSON columns parsed), newest first
+unless said otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from history.db import HistoryError
+
+BOOL_COLUMNS = ("correct", "accepted", "partial", "ok")
+JSON_COLUMNS = {"shapes_json": "shapes", "detail_json": "detail"}
+
+
+def fts_query(text: str) -> str:
+    """User text as an FTS5 query: every word a quoted phrase (all must match), so punctuation
+    and FTS operators in the text are taken literally."""
+    words = text.split()
+    if not words:
+        raise HistoryError("empty search text")
+    return " ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    for col in BOOL_COLUMNS:
+        if col in row and row[col] is not None:
+            row[col] = bool(row[col])
+    for col, key in JSON_COLUMNS.items():
+        if col in row:
+            raw = row.pop(col)
+            row[key] = None if raw is None else json.loads(raw)
+    return row
+
+
+ATTEMPTS_SQL = """
+SELECT c.id AS candidate_id, c.created_at, c.op, c.proposer, c.model, c.sha256, c.run_id, c.parent_id,
+       c.prompt_hash, c.tokens_prompt, c.tokens_completion,
+       v.id AS verdict_id, v.created_at AS verdict_at, v.device, v.correct, v.accepted, v.failure,
+       v.reason, v.stage, v.speedup, v.speedup_lo, v.speedup_hi, v.baseline, v.duration_s
+FROM candidates c
+LEFT JOIN verdicts v ON v.id = (SELECT max(id) FROM verdicts WHERE candidate_id = c.id)
+WHERE (:op IS NULL OR c.op = :op)
+  AND (:search IS NULL
+       OR c.id IN (SELECT rowid FROM candidates_fts WHERE candidates_fts MATCH :search)
+       OR c.id IN (SELECT candidate_id FROM verdicts
+                   WHERE id IN (SELECT rowid FROM verdicts_fts WHERE verdicts_fts MATCH :search)))
+ORDER BY c.id DESC
+LIMIT :limit
+"""
+
+
+class Queries:
+    """Read methods of `History` (which provides `db`, `path` and `_lock`)."""
+
+    db: sqlite_utils.Database
+    path: Path
+    _lock: threading.RLock
+
+    def _rows(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            try:
+                cur = self.db.execute(sql, params)
+            except sqlite3.Error as exc:
+                raise HistoryError(f"cannot read history {self.path}: {exc}") from None
+            cols = [d[0] for d in cur.description]
+            return [_clean(dict(zip(cols, r))) for r in cur.fetchall()]
+
+    def attempts(self, op: str | None = None, limit: int = 50, search: str | None = None) -> list[dict[str, Any]]:
+        """Candidates, newest first, each with its latest verdict's fields (None when not judged yet).
+        `search` is full-text over the candidate's source and its verdicts' reasons."""
+        params = {"op": op, "limit": int(limit), "search": None if search is None else fts_query(search)}
+        return self._rows(ATTEMPTS_SQL, params)
+
+    def candidate(self, candidate_id: int) -> dict[str, Any] | None:
+        """One candidate with its source and prompt, and all its verdicts (oldest first, parsed JSON)."""
+        rows = self._rows("SELECT * FROM candidates WHERE id = ?", [candidate_id])
+        if not rows:
+            return None
+        verdicts = self._rows("SELECT id, created_at, json FROM verdicts WHERE candidate_id = ? ORDER BY id", [candidate_id])
+        rows[0]["verdicts"] = [{"id": v["id"], "created_at": v["created_at"], **json.loads(v["json"])} for v in verdicts]
+        return rows[0]
+
+    def profiles(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Profile summaries (without raw_json or rows), newest first."""
+        return self._rows("SELECT * FROM profiles ORDER BY id DESC LIMIT ?", [int(limit)])
+
+    def profile_rows(self, profile_id: int) -> list[dict[str, Any]]:
+        """A profile's op/other rows in recorded order, with `shapes` parsed."""
+        return self._rows("SELECT * FROM profile_ops WHERE profile_id = ? ORDER BY id", [profile_id])
+
+    def latest_profile(self) -> dict[str, Any] | None:
+        """The newest profile's summary with its `rows`, or None when none was recorded."""
+        found = self._rows("SELECT * FROM profiles ORDER BY id DESC LIMIT 1")
+        if not found:
+            return None
+        profile = found[0]
+        profile.pop("raw_json", None)
+        profile["rows"] = self.profile_rows(profile["id"])
+        return profile
+
+    def accepted_over_time(self, op: str | None = None) -> list[dict[str, Any]]:
+        """Accepted verdicts, oldest first: when, which op/device/kernel, and the speedup with its interval."""
+        return self._rows(
+            "SELECT v.id AS verdict_id, v.candidate_id, v.created_at, v.op, v.device, v.speedup, v.speedup_lo,"
+            " v.speedup_hi, v.baseline, c.sha256, c.proposer FROM verdicts v LEFT JOIN candidates c"
+            " ON c.id = v.candidate_id WHERE v.accepted = 1 AND (:op IS NULL OR v.op = :op) ORDER BY v.id",
+            {"op": op})
+
+    def rejection_counts(self) -> dict[str, dict[str, int]]:
+        """{op: {failure code: number of rejected verdicts}} over all verdicts."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self._rows("SELECT op, coalesce(failure, CASE WHEN correct THEN 'correct, not timed' ELSE 'unknown' END) AS failure, count(*) AS n FROM verdicts"
+                            " WHERE coalesce(accepted, 0) = 0 GROUP BY op, failure ORDER BY op, n DESC"):
+            out.setdefault(r["op"] or "?", {})[r["failure"]] = r["n"]
+        return out
+
+    def registry_events(self, op: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Registry events, newest first, with `detail` parsed."""
+        return self._rows("SELECT * FROM registry_events WHERE (:op IS NULL OR op = :op) ORDER BY id DESC LIMIT :limit",
+                          {"op": op, "limit": int(limit)})
+
+    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Agent runs, newest first, with `detail` parsed."""
+        return self._rows("SELECT * FROM agent_runs ORDER BY id DESC LIMIT ?", [int(limit)])

@@ -1,0 +1,89 @@
+"""From a Recorder's raw seconds to the profile's op table: shares, shape buckets, roofline.
+
+Rows (their shares add up to 100% of engine step time):
+  one per op of the op library    every call, timed by the Dispatcher's observer
+  matmul                          the model's linear layers (torch)
+  attention (prefill, torch)      extend attention over the paged KV (SDPA)
+  other model compute             the rest of the forward: embedding, views, casts
+  sampling                        logits -> tokens, logprobs
+  scheduling                      batch selection and building the ForwardBatch
+  python overhead                 the rest of the step: bookkeeping, detokenizing, queues
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from kernels.ops import OPS
+from kernels.spec import parse_dtype
+
+
+def _bucket_rows(op: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Shapes seen, folded into the registry's buckets: [{dtype, bucket, shape (largest seen), calls, seconds}]."""
+    spec = OPS[op]
+    folded: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in calls:
+        key = (c["dtype"], spec.bucket(c["shape"]))
+        row = folded.setdefault(key, {"dtype": key[0], "bucket": key[1], "shape": c["shape"], "calls": 0, "seconds": 0.0})
+        row["calls"] += c["calls"]
+        row["seconds"] += c["seconds"]
+        if sum(c["shape"].values()) > sum(row["shape"].values()):
+            row["shape"] = c["shape"]
+    return sorted(folded.values(), key=lambda r: -r["seconds"])
+
+
+def op_rows(raw: dict[str, Any], bandwidth: float | None) -> list[dict[str, Any]]:
+    by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in raw.get("ops", []):
+        if c["op"] in OPS:
+            by_op[c["op"]].append(c)
+    variants = raw.get("variants", {})
+    rows = []
+    for op, calls in by_op.items():
+        spec = OPS[op]
+        seconds = sum(c["seconds"] for c in calls)
+        n = sum(c["calls"] for c in calls)
+        moved = sum(spec.cost(c["shape"], parse_dtype(c["dtype"])).bytes * c["calls"] for c in calls)
+        achieved = moved / seconds if seconds > 0 else None
+        rows.append({
+            "name": op, "kind": "op", "calls": n, "total_s": seconds, "mean_us": 1e6 * seconds / n if n else 0.0,
+            "variant": ", ".join(sorted(set(variants.get(op, {}).values()))) or None,
+            "bytes_per_s": achieved,
+            "roofline_pct": 100 * achieved / bandwidth if achieved and bandwidth else None,
+            "shapes": _bucket_rows(op, calls),
+        })
+    return rows
+
+
+def _other(name: str, seconds: float, calls: int) -> dict[str, Any]:
+    return {"name": name, "kind": "other", "calls": calls, "total_s": max(seconds, 0.0),
+            "mean_us": 1e6 * max(seconds, 0.0) / calls if calls else 0.0, "variant": None,
+            "bytes_per_s": None, "roofline_pct": None, "shapes": []}
+
+
+def profile_rows(raw: dict[str, Any], bandwidth: float | None) -> list[dict[str, Any]]:
+    """Every row with its share of step time, largest first."""
+    regions = raw.get("regions", {})
+
+    def secs(name: str) -> float:
+        return regions.get(name, {}).get("seconds", 0.0)
+
+    def calls(name: str) -> int:
+        return regions.get(name, {}).get("calls", 0)
+
+    rows = op_rows(raw, bandwidth)
+    ops_s = sum(r["total_s"] for r in rows)
+    rows += [
+        _other("matmul", secs("matmul"), calls("matmul")),
+        _other("attention (prefill, torch)", secs("attention_prefill"), calls("attention_prefill")),
+        _other("other model compute", secs("forward") - ops_s - secs("matmul") - secs("attention_prefill"),
+               calls("forward")),
+        _other("sampling", secs("sample"), calls("sample")),
+        _other("scheduling", secs("schedule"), calls("schedule")),
+        _other("python overhead", secs("step") - secs("forward") - secs("sample") - secs("schedule"), calls("step")),
+    ]
+    total = sum(r["total_s"] for r in rows)  # == step time up to clock noise (negative remainders clamp to 0)
+    for r in rows:
+        r["share"] = r["total_s"] / total if total > 0 else 0.0
+    return sorted(rows, key=lambda r: -r["total_s"])

@@ -1,0 +1,76 @@
+"""Profiling an Engine in this process: drive a workload through it with the recorder on."""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine.engine import Engine
+from engine.sampling import SamplingParams
+from kernels.timing import cached_copy_bandwidth
+from profiler.profile import assemble
+from profiler.workload import WorkloadRequest, summarize_latencies
+
+
+def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurrency: int = 8,
+                   seconds: float | None = None, trace_path: Path | None = None,
+                   progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Run `workload` (at most `concurrency` requests at once, at most `seconds`) and profile it.
+
+    With `trace_path`, a torch.profiler Chrome trace (every op and step region labelled
+    `kernelloop::<name>`) is written there; it opens in Perfetto (ui.perfetto.dev) or chrome://tracing.
+    """
+    tok = engine.tokenizer
+    prompts = [tok.encode(tok.apply_chat_template(w.messages), add_special_tokens=False) for w in workload]
+    pending = list(range(len(workload)))
+    active: dict[str, int] = {}
+    submitted: dict[str, float] = {}
+    first: dict[str, float] = {}
+    ttft: list[float] = []
+    tpot: list[float] = []
+    done = 0
+    deadline = time.perf_counter() + seconds if seconds else float("inf")
+    torch_trace = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU]
+        + ([torch.profiler.ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])) if trace_path else nullcontext()
+    engine.start_recording(trace=trace_path is not None)
+    start = time.perf_counter()
+    try:
+        with torch_trace:
+            while pending or active:
+                now = time.perf_counter()
+                if now > deadline:
+                    for rid in list(active):
+                        engine.abort(rid)
+                    break
+                while pending and len(active) < concurrency:
+                    i = pending.pop(0)
+                    req = engine.add_request(prompts[i], SamplingParams(max_tokens=workload[i].max_tokens,
+                                                                        temperature=0.0, ignore_eos=True))
+                    active[req.rid], submitted[req.rid] = i, time.perf_counter()
+                for out in engine.step():
+                    now = time.perf_counter()
+                    if out.rid in active and out.token_ids and out.rid not in first:
+                        first[out.rid] = now
+                        ttft.append(now - submitted[out.rid])
+                    if out.finished and out.rid in active:
+                        n = workload[active.pop(out.rid)].max_tokens
+                        if n > 1 and out.rid in first:
+                            tpot.append((now - first[out.rid]) / (n - 1))
+                        done += 1
+                        progress(f"{done}/{len(workload)} requests done")
+        while engine.has_work():  # aborted requests leave through the next step
+            engine.step()
+    finally:
+        raw = engine.stop_recording()
+    wall = time.perf_counter() - start
+    if trace_path is not None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        torch_trace.export_chrome_trace(str(trace_path))
+    return assemble(raw, device=engine.kernels.device, engine="in-process", model=str(engine.model_dir),
+                    kernels=engine.kernels.mode, wall_seconds=wall, requests=done,
+                    latencies=summarize_latencies(ttft, tpot), bandwidth=cached_copy_bandwidth(engine.device))

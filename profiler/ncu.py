@@ -1,0 +1,101 @@
+"""Nsight Compute metrics for one op's current kernel, through nsight-python, where ncu exists.
+
+`python -m profiler.ncu OP [--shape JSON] [--dtype D]` prints one JSON object: {"available": bool,
+"reason": str, "op", "shape", "dtype", "metrics": {name: value}}. It is its own process because
+nsight-python re-runs the calling script under ncu; `ncu_metrics()` runs it as a subprocess.
+Without a GPU or without ncu it prints a clean skip with a one-line reason. Clocks and the card's
+settings are left alone (clock_control="none", thermal_mode="off").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+           "sm__throughput.avg.pct_of_peak_sustained_elapsed")
+
+
+def availability() -> str:
+    """'' when ncu profiling can run here, else why not (one line)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device: ncu metrics need a GPU"
+    if shutil.which("ncu") is None:
+        return "ncu (Nsight Compute) is not on PATH"
+    try:
+        import nsight  # noqa: F401
+    except ImportError as exc:
+        return f"nsight-python is not importable ({exc})"
+    return ""
+
+
+def _measure(op: str, shape: dict[str, int], dtype: str) -> dict[str, Any]:
+    import nsight
+    import torch
+    from nsight.utils import VerbosityLevel
+
+    from kernels.ops import get_op
+    from kernels.spec import parse_dtype
+
+    spec = get_op(op)
+    args = spec.make_inputs(shape, parse_dtype(dtype), 0, "cuda")
+    spec.forward(*args)  # compile outside the profiled range
+    torch.cuda.synchronize()
+
+    @nsight.analyze.kernel(metrics=list(METRICS), runs=3, replay_mode="range", clock_control="none",
+                           thermal_mode="off", verbosity=VerbosityLevel.SILENT)
+    def bench() -> None:
+        with nsight.annotate(op):
+            spec.forward(*args)
+
+    frame = bench().to_dataframe()
+    metrics: dict[str, float] = {}
+    for name in METRICS:
+        rows = frame[frame["Metric"] == name] if "Metric" in frame.columns else frame
+        column = "AvgValue" if "AvgValue" in rows.columns else rows.columns[-1]
+        if len(rows):
+            metrics[name] = float(rows[column].iloc[0])
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m profiler.ncu", description=__doc__.splitlines()[0])
+    parser.add_argument("op")
+    parser.add_argument("--shape", default=None, help="JSON shape (default: a mid-size engine shape)")
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args(argv)
+    from kernels.ops import get_op
+    from kernels.spec import pick_shapes
+
+    spec = get_op(args.op)
+    shape = json.loads(args.shape) if args.shape else dict(pick_shapes(spec.engine_shapes, 3)[1])
+    result: dict[str, Any] = {"op": args.op, "shape": shape, "dtype": args.dtype, "metrics": {}}
+    reason = availability()
+    if not reason:
+        try:
+            result["metrics"] = _measure(args.op, shape, args.dtype)
+        except Exception as exc:  # NCUNotAvailableError (no permission to counters, ...) and friends
+            reason = f"ncu profiling failed: {type(exc).__name__}: {exc}".splitlines()[0]
+    result.update(available=not reason, reason=reason)
+    print(json.dumps(result))
+    return 0
+
+
+def ncu_metrics(op: str, shape: dict[str, int] | None = None, dtype: str = "bfloat16", timeout_s: float = 300) -> dict[str, Any]:
+    """Run `python -m profiler.ncu` and return its JSON (a skip with a reason on any failure)."""
+    cmd = [sys.executable, "-m", "profiler.ncu", op, "--dtype", dtype] + (["--shape", json.dumps(shape)] if shape else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return {"op": op, "available": False, "reason": f"ncu run failed: {type(exc).__name__}", "metrics": {}}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

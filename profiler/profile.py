@@ -1,0 +1,37 @@
+"""The profile: one dict (JSON-ready) that `agent profile` prints, history stores and the agent reads.
+
+    device, engine, model, kernels, partial, partial_reason, wall_seconds, busy_seconds, steps,
+    requests, output_tokens, tokens_per_second, ttft_ms_median, tpot_ms_median, prefix_hit_rate,
+    timing_label, rows: [{name, kind, calls, total_s, mean_us, share, variant, bytes_per_s,
+    roofline_pct, shapes: [{dtype, bucket, shape, calls, seconds}]}]
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from kernels.device import CPU_INTERPRETER
+from profiler.analysis import profile_rows
+
+
+def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kernels: str, wall_seconds: float,
+             requests: int, latencies: dict[str, Any], bandwidth: float | None, partial_reason: str = "") -> dict[str, Any]:
+    counters = raw.get("counters", {})
+    regions = raw.get("regions", {})
+    output_tokens = counters.get("generated_tokens", 0)
+    prompt = counters.get("prompt_tokens", 0)
+    return {
+        "created_at": datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
+        "device": device, "engine": engine, "model": model, "kernels": kernels,
+        "timing_label": CPU_INTERPRETER if device == CPU_INTERPRETER else "cuda",
+        "partial": bool(partial_reason), "partial_reason": partial_reason,
+        "wall_seconds": wall_seconds,
+        "busy_seconds": regions.get("step", {}).get("seconds", 0.0),
+        "steps": regions.get("step", {}).get("calls", 0),
+        "requests": requests, "output_tokens": output_tokens,
+        "tokens_per_second": output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
+        **latencies,
+        "prefix_hit_rate": counters.get("cached_prompt_tokens", 0) / prompt if prompt else None,
+        "rows": profile_rows(raw, bandwidth) if raw else [],
+    }

@@ -8,9 +8,9 @@ import sys
 
 from kernels.errors import KernelloopError
 
-from agent.commands import check, history, ops, profile, registry, report
+from agent.commands import check, history, ops, profile, registry, report, tune
 
-COMMANDS = (ops, check, profile, registry, history, report)
+COMMANDS = (ops, check, profile, tune, registry, history, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

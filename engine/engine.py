@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -97,6 +98,8 @@ class Engine:
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0, "forwards": 0}
         self.recorder: Recorder | None = None
+        # Quality gates: called after each forward with (requests sampled, their float32 logits [B, vocab]).
+        self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -154,6 +157,8 @@ class Engine:
         if not sampled:
             return outputs
         reqs = [batch.requests[i] for i in sampled]
+        if self.logits_hook is not None:
+            self.logits_hook(reqs, logits[sampled])
         with region(rec, "sample"):
             result = self.sampler.sample(logits[sampled], [r.params for r in reqs], [r.generator for r in reqs])
             tokens = result.tokens.tolist()

@@ -88,6 +88,17 @@ class Queries:
         rows[0]["verdicts"] = [{"id": v["id"], "created_at": v["created_at"], **json.loads(v["json"])} for v in verdicts]
         return rows[0]
 
+    def find_candidate(self, run_id: int, sha256: str) -> int | None:
+        """The id of the candidate with this source hash already recorded for agent run `run_id`."""
+        rows = self._rows("SELECT id FROM candidates WHERE run_id = ? AND sha256 = ? ORDER BY id LIMIT 1",
+                          [run_id, sha256])
+        return rows[0]["id"] if rows else None
+
+    def recent_runs(self, command: str, op: str, since: str) -> list[dict[str, Any]]:
+        """Runs of `command` for `op` started at or after `since` (ISO 8601 UTC), newest first."""
+        return self._rows("SELECT * FROM agent_runs WHERE command = ? AND op = ? AND started_at >= ? ORDER BY id DESC",
+                          [command, op, since])
+
     def profiles(self, limit: int = 20) -> list[dict[str, Any]]:
         """Profile summaries (without raw_json or rows), newest first."""
         return self._rows("SELECT * FROM profiles ORDER BY id DESC LIMIT ?", [int(limit)])

@@ -27,6 +27,7 @@ _CUDAGraph = torch.cuda.CUDAGraph
 _graph = torch.cuda.graph
 L2_FLUSH_BYTES = 256 << 20
 GRAPH_BELOW_S = 20e-6
+CPU_SIDE_BUDGET_S = 0.1  # CPU: timed calls per side per round fill about this much
 
 
 
@@ -96,7 +97,10 @@ def run_rounds(
     calls: int,
     on_round: Callable[[int], None] = lambda i: None,
 ) -> tuple[list[dict[str, Any]], list[Any]]:
-    """Per round: {"baseline": [s...], "candidate": [s...], "mode": ...}; plus the candidate's last outputs."""
+    """Per round: {"baseline": [s...], "candidate": [s...], "mode": ...}; plus the candidate's last outputs.
+
+    `calls` is the number of timed calls per side per round (on CPU at most: fewer when one call
+    of the first side's warm-up already takes a good part of CPU_SIDE_BUDGET_S)."""
     rounds, outputs = [], []
     cuda = torch.device(device).type == "cuda"
     timer = _CudaTimer(torch.device(device)) if cuda else None
@@ -113,7 +117,11 @@ def run_rounds(
         record: dict[str, Any] = {"seed": seed}
         for side in order:
             fn = sides[side]
+            t0 = _clock()
             fn()  # warm: compile / first-call costs stay out of the timed calls
+            if timer is None and i == 0 and side == order[0]:
+                # CPU: slow (interpreted) calls get fewer timed calls per round, never fewer than one
+                calls = max(1, min(calls, int(CPU_SIDE_BUDGET_S / max(_clock() - t0, 1e-9))))
             mode = "perf_counter"
             if timer is None:
                 samples, out = _time_cpu(fn, calls)

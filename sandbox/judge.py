@@ -124,7 +124,7 @@ def judge_timing(v: Verdict, spec: OpSpec, timing: dict[str, Any], facts: dict[s
     achieved = cost.bytes / max(cand_s, 1e-12)
     v.timing = {
         "shape": timing["shape"], "dtype": timing["dtype"], "rounds": len(rounds),
-        "calls_per_round": timing["calls"], "baseline_s": _median(base), "candidate_s": cand_s,
+        "calls_per_round": len(rounds[0]["candidate"]), "baseline_s": _median(base), "candidate_s": cand_s,
         "rounds_detail": [{"baseline_s": b, "candidate_s": c} for b, c in zip(base, cand)],
         "modes": sorted({r.get("candidate_mode", "") for r in rounds}),
         "achieved_bytes_per_s": achieved, "copy_bandwidth_bytes_per_s": bandwidth,

@@ -1,0 +1,110 @@
+"""`agent tune [OP]`: the whole loop once: profile, propose, check, refine, commit, reload, verify.
+
+Without `--engine` it starts the engine on the embedded model in this process. A run that was
+killed resumes where it stopped the next time `agent tune` runs for the same op (`--restart`
+abandons it instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import torch
+
+from agent.gate import GateConfig
+from agent.loop.context import LoopContext
+from agent.loop.graph import run_tune, unfinished_run
+from agent.loop.state import TuneSettings
+from agent.render import print_json, print_table
+from history import History
+from kernels import get_op
+from kernels.errors import KernelloopError
+from kernels.registry import Registry
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="tune one op end to end: profile, propose, check, commit, reload, verify")
+    p.add_argument("op", nargs="?", default=None, help="the op (default: chosen from the profile)")
+    p.add_argument("--engine", default=None, metavar="URL", help="tune a running engine (not supported yet: in-process only)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--model", default=None, metavar="DIR", help="model directory (default: the embedded model)")
+    p.add_argument("--proposer", choices=("search", "llm", "both"), default="search")
+    p.add_argument("--llm-model", default=os.environ.get("KERNELLOOP_LLM_MODEL", "gpt-4o"),
+                   help="model name at OPENAI_BASE_URL (default: $KERNELLOOP_LLM_MODEL or gpt-4o)")
+    p.add_argument("--rounds", type=int, default=3, help="propose/check rounds at most (default 3)")
+    p.add_argument("--candidates", type=int, default=4, help="candidates per proposer per round (default 4)")
+    p.add_argument("--min-gain", type=float, default=0.03)
+    p.add_argument("--registry", default=None, metavar="PATH")
+    p.add_argument("--history", default=None, metavar="PATH")
+    p.add_argument("--restart", action="store_true", help="abandon an unfinished run instead of resuming it")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(run=run)
+
+
+def _proposers(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.proposer in ("search", "both"):
+        from agent.proposers.search import SearchProposer
+
+        out["search"] = SearchProposer()
+    if args.proposer in ("llm", "both"):
+        from agent.proposers.llm import LLMProposer
+
+        if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
+            raise KernelloopError("--proposer llm needs OPENAI_BASE_URL (and OPENAI_API_KEY) for an OpenAI-compatible endpoint")
+        out["llm"] = LLMProposer(model=args.llm_model)
+    return out
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.engine:
+        raise KernelloopError("--engine: tuning a remote engine is not supported yet (the end-to-end gate needs "
+                              "full logits); run without --engine to tune an in-process engine")
+    if args.op is not None:
+        get_op(args.op)
+    if args.rounds < 1 or args.candidates < 1:
+        raise KernelloopError("--rounds and --candidates must be at least 1")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    settings = TuneSettings(op=args.op, device=device, proposers=tuple(_proposers_names(args)), rounds=args.rounds,
+                            candidates=args.candidates, min_gain=args.min_gain)
+    with History(args.history) as history:
+        ctx = LoopContext(history=history, registry=Registry(args.registry), proposers=_proposers(args),
+                          device=device, model=args.model, gate=GateConfig(), progress=_progress)
+        try:
+            previous = unfinished_run(ctx, args.op)
+            if previous is not None and args.restart:
+                history.finish_run(previous, "abandoned", {"reason": "--restart"})
+                previous = None
+            state = run_tune(settings, ctx, resume=previous)
+        finally:
+            ctx.close()
+    show(state, args.json)
+    return 0
+
+
+def _proposers_names(args: argparse.Namespace) -> list[str]:
+    return ["search", "llm"] if args.proposer == "both" else [args.proposer]
+
+
+def show(state: dict[str, Any], as_json: bool) -> None:
+    judged = state.get("judged", [])
+    if as_json:
+        print_json({k: v for k, v in state.items() if k not in ("pending",)} | {
+            "judged": [{k: v for k, v in j.items() if k != "source"} for j in judged],
+            "winner": state.get("winner") and {k: v for k, v in state["winner"].items() if k != "source"}})
+        return
+    rows = [(j["label"], j["proposer"], "ACCEPTED" if j["verdict"]["accepted"] else (j["verdict"]["failure"] or "-"),
+             f"{j['verdict']['speedup']:.3f}x" if j["verdict"]["speedup"] else "-", j["verdict"]["reason"])
+            for j in judged]
+    print_table(f"agent tune {state.get('op', '')}: {len(judged)} candidates", ("candidate", "proposer", "verdict",
+                                                                             "speedup", "reason"), rows)
+    committed = state.get("committed")
+    print(f"result: {state.get('status')}: {state.get('reason')}"
+          + (f" (registry entry {committed['entry_id']})" if committed and state.get("status") == "winner" else ""))

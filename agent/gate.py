@@ -1,0 +1,128 @@
+"""The end-to-end quality gate: a kernel change must not change what the model says.
+
+Over a fixed prompt set, greedy decoding runs on the engine as it was (before the registry commit)
+and as it is (after commit + reload), and on a reference engine (float32 torch ops, no Triton). At
+every generated position the full next-token distribution is captured (Engine.logits_hook), and
+KL(reference || engine) is averaged over positions. The change passes when
+
+    greedy tokens after == greedy tokens before        (bitwise-stable decoding)
+    KL after <= KL before + kl_margin                  (no silent quality loss)
+    tokens/s after >= tokens/s before * (1 - tps_tolerance)
+
+A failed gate is the caller's cue to roll the registry commit back and reload.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from engine.engine import Engine
+from engine.sampling import SamplingParams
+
+GATE_PROMPTS = (
+    "What is 3 plus 4?",
+    "Once upon a time, a small robot",
+    "List three colours.",
+    "What is 12 minus 5?",
+)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    prompts: tuple[str, ...] = GATE_PROMPTS
+    max_tokens: int = 6
+    kl_margin: float = 1e-4      # nats per position
+    tps_tolerance: float = 0.10  # tokens/s may move this much (timing noise) before it counts as a drop
+    repeats: int = 2             # tokens/s: best of this many runs
+
+
+@dataclass
+class Measurement:
+    greedy: list[list[int]]
+    logprobs: list[torch.Tensor] = field(repr=False)  # per prompt: [positions, vocab] float64 log-probabilities
+    tokens_per_second: float
+
+
+@dataclass
+class GateResult:
+    ok: bool
+    reason: str
+    kl_before: float
+    kl_after: float
+    greedy_same: bool
+    tps_before: float
+    tps_after: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _prompt_ids(engine: Engine, prompts: tuple[str, ...]) -> list[list[int]]:
+    tok = engine.tokenizer
+    if tok.chat_template is not None:
+        return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
+                for p in prompts]
+    return [tok.encode(p) for p in prompts]
+
+
+def measure(engine: Engine, config: GateConfig) -> Measurement:
+    """Greedy decoding of every prompt (one batch), with the full distribution at each position."""
+    prompts = _prompt_ids(engine, config.prompts)
+    params = SamplingParams(max_tokens=config.max_tokens, temperature=0.0, ignore_eos=True)
+    best_tps, captured = 0.0, {}
+    for _ in range(max(1, config.repeats)):
+        captured = {}
+
+        def hook(reqs: list, logits: torch.Tensor) -> None:
+            for req, row in zip(reqs, logits):
+                captured.setdefault(req.rid, []).append(torch.log_softmax(row.double(), dim=-1).cpu())
+
+        engine.logits_hook = hook
+        try:
+            start = time.perf_counter()
+            reqs = engine.generate(prompts, params)
+            seconds = time.perf_counter() - start
+        finally:
+            engine.logits_hook = None
+        best_tps = max(best_tps, sum(len(r.output_ids) for r in reqs) / seconds)
+    return Measurement([list(r.output_ids) for r in reqs], [torch.stack(captured[r.rid]) for r in reqs], best_tps)
+
+
+def mean_kl(reference: Measurement, other: Measurement) -> float:
+    """Mean over prompts and positions of KL(reference || other), in nats."""
+    total, n = 0.0, 0
+    for ref, oth in zip(reference.logprobs, other.logprobs):
+        positions = min(len(ref), len(oth))
+        p = ref[:positions].exp()
+        total += float((p * (ref[:positions] - oth[:positions])).sum())
+        n += positions
+    return total / max(n, 1)
+
+
+def summary(reference: Measurement, measured: Measurement) -> dict[str, Any]:
+    """What the gate keeps of one measurement (plain JSON, so a checkpoint can hold it)."""
+    return {"greedy": measured.greedy, "kl": mean_kl(reference, measured), "tokens_per_second": measured.tokens_per_second}
+
+
+def judge(before: dict[str, Any], after: dict[str, Any], config: GateConfig) -> GateResult:
+    """Compare two `summary()`s: greedy tokens identical, KL not grown past the margin, tokens/s kept."""
+    kl_before, kl_after = before["kl"], after["kl"]
+    tps_before, tps_after = before["tokens_per_second"], after["tokens_per_second"]
+    same = after["greedy"] == before["greedy"]
+    result = GateResult(True, "", kl_before, kl_after, same, tps_before, tps_after)
+    if not same:
+        diff = next(i for i, (a, b) in enumerate(zip(after["greedy"], before["greedy"])) if a != b)
+        result.ok, result.reason = False, f"greedy output of prompt {diff} changed ({config.prompts[diff]!r})"
+    elif kl_after > kl_before + config.kl_margin:
+        result.ok, result.reason = False, (f"KL to the reference grew from {kl_before:.2e} to {kl_after:.2e} nats "
+                                           f"(margin {config.kl_margin:.0e})")
+    elif tps_after < tps_before * (1 - config.tps_tolerance):
+        result.ok, result.reason = False, f"tokens/s dropped from {tps_before:.1f} to {tps_after:.1f}"
+    else:
+        result.reason = (f"greedy outputs unchanged; KL {kl_before:.2e} -> {kl_after:.2e} nats; tokens/s "
+                         f"{tps_before:.1f} -> {tps_after:.1f}")
+    return result

@@ -1,0 +1,54 @@
+"""The live objects a tune run needs (not checkpointed; rebuilt when a run resumes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from agent.gate import GateConfig
+from engine.engine import Engine, EngineConfig
+from history import History
+from kernels.registry import Registry
+from sandbox import CheckOptions, Sandbox
+
+
+@dataclass
+class LoopContext:
+    history: History
+    registry: Registry
+    proposers: dict[str, Any]            # name -> object with propose(ctx, feedback, n)
+    device: str = "cpu"
+    model: str | None = None             # model directory; None: the embedded model
+    gate: GateConfig = field(default_factory=GateConfig)
+    progress: Callable[[str], None] = lambda message: None
+    _engine: Engine | None = None
+    _reference: Engine | None = None
+    _sandboxes: dict[tuple, Sandbox] = field(default_factory=dict)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine being tuned: registry kernels, reloaded after every commit or rollback."""
+        if self._engine is None:
+            self.progress(f"starting the engine ({self.model or 'embedded model'}, {self.device}, registry kernels)")
+            self._engine = Engine(EngineConfig(model=self.model, device=self.device, kernels="registry",
+                                               registry=str(self.registry.path)))
+        return self._engine
+
+    @property
+    def reference(self) -> Engine:
+        """The same model with float32 torch ops: the gate's ground truth."""
+        if self._reference is None:
+            self._reference = Engine(EngineConfig(model=self.model, device=self.device, kernels="reference"))
+        return self._reference
+
+    def sandbox(self, options: CheckOptions) -> Sandbox:
+        key = (options.timing_shape and tuple(sorted(options.timing_shape.items())), options.timing_dtype,
+               options.shapes and tuple(tuple(sorted(s.items())) for s in options.shapes))
+        if key not in self._sandboxes:
+            self._sandboxes[key] = Sandbox(options)
+        return self._sandboxes[key]
+
+    def close(self) -> None:
+        for sandbox in self._sandboxes.values():
+            sandbox.close()
+        self._sandboxes.clear()

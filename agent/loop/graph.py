@@ -1,0 +1,84 @@
+"""The tune loop as a langgraph StateGraph, checkpointed to SQLite after every step.
+
+    profile -> propose -> check (one candidate per step, until none is pending)
+                  ^          |-- an accepted candidate --> gate_before -> commit -> gate_after -> finish
+                  |          |-- rounds left ----------> propose (with the verdicts as feedback)
+                  +----------|-- otherwise -----------> finish
+
+Checkpoints are written synchronously (durability="sync"), so a hard kill at any point resumes at
+the step that was running; the steps themselves are idempotent (agent/loop/nodes.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+
+from agent.loop.context import LoopContext
+from agent.loop.nodes import Nodes
+from agent.loop.state import TuneSettings, TuneState
+
+RECURSION_LIMIT = 500  # steps per run: one per candidate judged, plus a handful
+
+
+def _after_propose(state: TuneState) -> str:
+    return "check" if state.get("pending") else "finish"
+
+
+def _after_check(settings: TuneSettings):
+    def route(state: TuneState) -> str:
+        if state.get("pending"):
+            return "check"
+        if any(j["verdict"]["accepted"] for j in state.get("judged", [])):
+            return "gate_before"
+        return "propose" if state.get("round", 0) < settings.rounds else "finish"
+    return route
+
+
+def build(nodes: Nodes, settings: TuneSettings):
+    graph = StateGraph(TuneState)
+    for name in ("profile", "propose", "check", "gate_before", "commit", "gate_after", "finish"):
+        graph.add_node(name, getattr(nodes, name))
+    graph.add_edge(START, "profile")
+    graph.add_edge("profile", "propose")
+    graph.add_conditional_edges("propose", _after_propose, ["check", "finish"])
+    graph.add_conditional_edges("check", _after_check(settings), ["check", "gate_before", "propose", "finish"])
+    graph.add_edge("gate_before", "commit")
+    graph.add_edge("commit", "gate_after")
+    graph.add_edge("gate_after", "finish")
+    graph.add_edge("finish", END)
+    return graph
+
+
+def checkpoint_path(history_path: Path) -> Path:
+    return history_path.with_name(history_path.stem + "-checkpoints.db")
+
+
+def unfinished_run(ctx: LoopContext, op: str | None) -> int | None:
+    """The newest tune run for `op` (any op when None) that never finished, if its checkpoint exists."""
+    for run in ctx.history.runs(limit=50):
+        if run["command"] == "tune" and run["status"] == "running" and (op is None or run["op"] in (op, None)):
+            return run["id"]
+    return None
+
+
+def run_tune(settings: TuneSettings, ctx: LoopContext, resume: int | None = None) -> dict[str, Any]:
+    """Run (or resume) one tune; returns the final state."""
+    conn = sqlite3.connect(checkpoint_path(ctx.history.path), check_same_thread=False)
+    try:
+        graph = build(Nodes(ctx, settings), settings).compile(checkpointer=SqliteSaver(conn))
+        if resume is not None:
+            config = {"configurable": {"thread_id": f"tune-{resume}"}, "recursion_limit": RECURSION_LIMIT}
+            if graph.get_state(config).next:
+                ctx.progress(f"resuming tune run {resume}")
+                return graph.invoke(None, config, durability="sync")
+            ctx.history.finish_run(resume, "failed", {"reason": "no checkpoint to resume"})
+        run_id = ctx.history.start_run("tune", settings.op)
+        config = {"configurable": {"thread_id": f"tune-{run_id}"}, "recursion_limit": RECURSION_LIMIT}
+        return graph.invoke({"run_id": run_id, "op": settings.op or ""}, config, durability="sync")
+    finally:
+        conn.close()

@@ -1,0 +1,167 @@
+"""The tune loop's steps. Each takes the checkpointed state and returns the fields it changes.
+
+Every step may run twice (a hard kill after its side effect but before its checkpoint), so each
+side effect is looked up before it is repeated: a candidate is recorded once per (run, source
+hash), judged once (an existing verdict is reused), committed once (the registry's current entry is
+checked), rolled back once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from agent.gate import measure, summary, judge
+from agent.loop.context import LoopContext
+from agent.loop.state import TuneSettings, TuneState
+from agent.loop.target import choose_target, op_shapes
+from agent.proposers.base import Proposal, TuneContext
+from kernels.device import device_fingerprint
+from kernels.ops import get_op
+from kernels.registry.entry import Provenance, sha256_text
+from profiler.inprocess import profile_engine
+from profiler.workload import agent_workload
+from sandbox import CheckOptions
+
+VERDICT_KEYS = ("correct", "accepted", "speedup", "speedup_interval", "failure", "reason", "stage", "baseline")
+
+
+def _trim(verdict: dict[str, Any]) -> dict[str, Any]:
+    timing = {k: v for k, v in (verdict.get("timing") or {}).items() if k != "rounds_detail"}
+    return {**{k: verdict.get(k) for k in VERDICT_KEYS}, "timing": timing}
+
+
+class Nodes:
+    def __init__(self, ctx: LoopContext, settings: TuneSettings) -> None:
+        self.ctx, self.settings = ctx, settings
+        self.fingerprint = device_fingerprint(settings.device)
+
+    # -- profile and target ---------------------------------------------------------------------
+
+    def profile(self, state: TuneState) -> dict[str, Any]:
+        ctx = self.ctx
+        ctx.progress("profiling the engine")
+        workload = agent_workload(self.settings.profile_requests, seed=state["run_id"], max_tokens=(4, 8))
+        profile = profile_engine(ctx.engine, workload, concurrency=4)
+        profile_id = ctx.history.record_profile(profile)
+        op = state.get("op")
+        if not op:
+            op, why = choose_target(profile, ctx.history)
+            ctx.progress(f"target: {why}")
+        dtype, shapes, roofline = op_shapes(profile, op)
+        bucket = get_op(op).bucket(shapes[0])
+        ctx.progress(f"{op}: tuning {dtype} [{bucket}] ({len(shapes)} shapes seen)")
+        return {"op": op, "profile_id": profile_id, "dtype": dtype, "shapes": shapes, "bucket": bucket,
+                "roofline": roofline, "round": 0, "pending": [], "judged": [], "status": "running"}
+
+    # -- propose and check ----------------------------------------------------------------------
+
+    def _current_entry(self, state: TuneState):
+        return self.ctx.registry.select(state["op"], self.fingerprint, state["dtype"], state["bucket"])
+
+    def propose(self, state: TuneState) -> dict[str, Any]:
+        ctx, op = self.ctx, state["op"]
+        entry = self._current_entry(state)
+        failures = tuple({"source": a.get("source", ""), "failure": a["failure"], "reason": a["reason"]}
+                         for a in ctx.history.attempts(op=op, limit=20) if a.get("failure") not in (None, "not-faster"))[:5]
+        tctx = TuneContext(op=op, dtype=state["dtype"], device=self.settings.device, shapes=tuple(state["shapes"]),
+                           best_source=ctx.registry.source(entry) if entry else None,
+                           baseline_source=inspect.getsource(inspect.getmodule(get_op(op).forward)),
+                           roofline=state.get("roofline") or {}, failures=failures)
+        pending = []
+        round_no = state["round"] + 1
+        for name, proposer in ctx.proposers.items():
+            feedback = [(Proposal(j["source"], j["proposer"], j["label"]), j["verdict"])
+                        for j in state["judged"] if j["proposer"] == name]
+            for p in proposer.propose(tctx, feedback, self.settings.candidates):
+                sha = sha256_text(p.source)
+                cid = ctx.history.find_candidate(state["run_id"], sha) or ctx.history.record_candidate(
+                    op, p.source, p.proposer, model=p.model, prompt=p.prompt, tokens_prompt=p.tokens_prompt,
+                    tokens_completion=p.tokens_completion, run_id=state["run_id"])
+                if any(j["candidate_id"] == cid for j in state["judged"]) or any(q["candidate_id"] == cid for q in pending):
+                    continue
+                pending.append({"candidate_id": cid, "sha256": sha, "source": p.source, "proposer": p.proposer,
+                                "label": p.label})
+            if getattr(proposer, "last_error", None):
+                ctx.progress(f"{name} proposer: {proposer.last_error}")
+        ctx.progress(f"round {round_no}: {len(pending)} new candidates")
+        update: dict[str, Any] = {"pending": pending, "round": round_no}
+        if not pending:
+            update.update(status="no-winner", reason="the proposers had nothing new to try")
+        return update
+
+    def check(self, state: TuneState) -> dict[str, Any]:
+        ctx = self.ctx
+        item, rest = state["pending"][0], state["pending"][1:]
+        previous = (ctx.history.candidate(item["candidate_id"]) or {}).get("verdicts") or []
+        if previous:  # judged before a crash: the verdict stands, the candidate is not judged twice
+            verdict = previous[-1]
+        else:
+            options = CheckOptions(device=self.settings.device, registry=ctx.registry.path,
+                                   shapes=tuple(state["shapes"]), timing_shape=state["shapes"][0],
+                                   timing_dtype=state["dtype"], min_gain=self.settings.min_gain,
+                                   timeout_s=self.settings.sandbox_timeout_s)
+            ctx.progress(f"checking {item['label']}")
+            v = ctx.sandbox(options).judge_source(state["op"], item["source"], item["label"])
+            verdict = v.to_json()
+            ctx.history.record_verdict(item["candidate_id"], verdict)
+        trimmed = _trim(verdict)
+        shown = f"{trimmed['speedup']:.3f}x" if trimmed["speedup"] else "-"
+        ctx.progress(f"  {item['label']}: {'ACCEPTED' if trimmed['accepted'] else trimmed['failure']} {shown}")
+        return {"pending": rest, "judged": state["judged"] + [{**item, "verdict": trimmed}]}
+
+    # -- accept: gate, commit, reload, verify ------------------------------------------------------
+
+    def gate_before(self, state: TuneState) -> dict[str, Any]:
+        accepted = [j for j in state["judged"] if j["verdict"]["accepted"]]
+        winner = max(accepted, key=lambda j: (j["verdict"]["speedup_interval"] or [0])[0])
+        ctx = self.ctx
+        ctx.progress(f"winner: {winner['label']} ({winner['verdict']['reason']}); measuring the engine before")
+        reference = measure(ctx.reference, ctx.gate)
+        return {"winner": winner, "gate_before": summary(reference, measure(ctx.engine, ctx.gate))}
+
+    def commit(self, state: TuneState) -> dict[str, Any]:
+        ctx, w = self.ctx, state["winner"]
+        entry = self._current_entry(state)
+        if entry is None or entry.sha256 != w["sha256"] or entry.provenance.history_id != w["candidate_id"]:
+            interval = w["verdict"]["speedup_interval"]
+            entry = ctx.registry.add(
+                state["op"], w["source"], device=self.fingerprint, dtype=state["dtype"], bucket=state["bucket"],
+                speedup=w["verdict"]["speedup"], speedup_ci=(interval[0], interval[1]),
+                provenance=Provenance(w["proposer"], history_id=w["candidate_id"]))
+        commit_sha = next((c.sha for c in ctx.registry.history(limit=20) if entry.id in c.message), None)
+        if not any(e["kind"] == "add" and e["entry_id"] == entry.id for e in ctx.history.registry_events(op=state["op"])):
+            ctx.history.record_registry_event("add", state["op"], entry_id=entry.id, commit_sha=commit_sha,
+                                              device=self.fingerprint, dtype=state["dtype"], bucket=state["bucket"],
+                                              speedup=entry.speedup, ok=True)
+        ctx.progress(f"committed {entry.id} ({commit_sha and commit_sha[:10]})")
+        return {"committed": {"entry_id": entry.id, "commit_sha": commit_sha}}
+
+    def gate_after(self, state: TuneState) -> dict[str, Any]:
+        ctx, op = self.ctx, state["op"]
+        changed = ctx.engine.reload_kernels()
+        ctx.history.record_registry_event("reload", op, entry_id=state["committed"]["entry_id"], ok=True,
+                                          detail={"changed": {k: {b: list(v) for b, v in c.items()} for k, c in changed.items()}})
+        reference = measure(ctx.reference, ctx.gate)
+        result = judge(state["gate_before"], summary(reference, measure(ctx.engine, ctx.gate)), ctx.gate)
+        ctx.history.record_registry_event("gate", op, entry_id=state["committed"]["entry_id"], ok=result.ok,
+                                          detail=result.to_json())
+        ctx.progress(f"end-to-end gate: {'passed' if result.ok else 'FAILED'}: {result.reason}")
+        if result.ok:
+            return {"gate": result.to_json(), "status": "winner", "reason": state["winner"]["verdict"]["reason"]}
+        entry = self._current_entry(state)
+        if entry is not None and entry.id == state["committed"]["entry_id"]:
+            ctx.registry.rollback(entry.id)
+            ctx.history.record_registry_event("rollback", op, entry_id=entry.id, ok=True, detail={"why": result.reason})
+        ctx.engine.reload_kernels()
+        return {"gate": result.to_json(), "status": "gate-failed", "reason": f"rolled back: {result.reason}"}
+
+    def finish(self, state: TuneState) -> dict[str, Any]:
+        status = state.get("status") or "no-winner"
+        if status == "running":
+            status = "no-winner"
+        reason = state.get("reason") or "no candidate was accepted by the sandbox"
+        detail = {"op": state.get("op"), "reason": reason, "committed": state.get("committed"),
+                  "candidates": len(state.get("judged", [])), "gate": state.get("gate")}
+        self.ctx.history.finish_run(state["run_id"], status, detail)
+        return {"status": status, "reason": reason}

@@ -1,0 +1,41 @@
+"""The tune loop's state (checkpointed after every node) and its settings.
+
+Everything in `TuneState` is plain JSON, so langgraph's SQLite checkpointer can store it; live
+objects (the engine, the sandbox, proposers) live in the LoopContext and are rebuilt on resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    op: str | None                 # None: pick the target from the profile
+    device: str = "cpu"
+    proposers: tuple[str, ...] = ("search",)
+    rounds: int = 3                # propose -> check rounds at most
+    candidates: int = 4            # proposals per proposer per round
+    min_gain: float = 0.03
+    sandbox_timeout_s: float = 180.0
+    profile_requests: int = 4
+
+
+class TuneState(TypedDict, total=False):
+    run_id: int
+    op: str
+    status: str                    # running | winner | no-winner | gate-failed | failed
+    reason: str
+    profile_id: int | None
+    dtype: str
+    shapes: list[dict[str, int]]   # the op's shapes in the profile, hottest first
+    bucket: str
+    roofline: dict[str, Any]
+    round: int
+    pending: list[dict[str, Any]]  # proposals to judge: {candidate_id, source, proposer, label, ...}
+    judged: list[dict[str, Any]]   # {candidate_id, label, proposer, sha256, verdict (trimmed)}
+    winner: dict[str, Any] | None
+    gate_before: dict[str, Any] | None
+    committed: dict[str, Any] | None   # {entry_id, commit_sha}
+    gate: dict[str, Any] | None

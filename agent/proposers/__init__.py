@@ -1,0 +1,1 @@
+"""Proposers: where candidate kernels come from (an LLM, a parameter sweep, ...)."""

@@ -1,0 +1,357 @@
+"""The LLM proposer's prompts: the task (op spec, reference, current kernel, profile, device, rules,
+earlier failures) and the per-verdict feedback of multi-round refinement.
+
+Pure text functions, no I/O, so tests can check exactly what a model is told.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import re
+from typing import Any, Iterable
+
+from kernels.ops import get_op
+from sandbox.static_check import ALLOWED_IMPORTS
+
+MAX_FAILURES_SHOWN = 4     # earlier failed attempts from history quoted in the task
+MAX_SHAPES_SHOWN = 8
+MAX_LOG_CHARS = 600        # of a verdict's log_tail quoted back (load errors, tracebacks)
+
+SYSTEM_PROMPT = (
+    "You are an expert GPU kernel engineer who writes Triton kernels for LLM inference. "
+    "You write one complete, self-contained Python module per answer and put it in a single "
+    "```python fenced block at the end of your reply. Keep any explanation short."
+)
+
+CPU_FACTS = (
+    "Device: cpu-interpreter. Kernels run through Triton's interpreter (TRITON_INTERPRET=1) on the CPU, "
+    "not compiled: every program instance costs about 1 ms of Python overhead regardless of its work, "
+    "while the vectorised work inside one program is cheap numpy. So fewer program instances wins: "
+    "prefer large blocks that process many rows (or a whole tensor) per program and a small grid; "
+    "num_warps, num_stages and memory coalescing do not matter here."
+)
+
+GPU_FACTS = (
+    "Device: {device}. Kernels are compiled by Triton for this GPU. These ops are memory-bound: "
+    "the goal is to approach the device's memory bandwidth{bandwidth}: read each input byte once, "
+    "use contiguous vectorisable loads, launch enough programs to fill every SM (small token counts "
+    "need more programs per row or split rows), pick num_warps to match the block size, and keep "
+    "launch count to one kernel where possible."
+)
+
+
+def _gb(bytes_per_s: Any) -> str:
+    try:
+        return f"{float(bytes_per_s) / 1e9:.1f} GB/s"
+    except (TypeError, ValueError):
+        return str(bytes_per_s)
+
+
+def device_facts(device: str, roofline: dict | None = None) -> str:
+    """What the model must know about where its kernel runs."""
+    if device.lower().startswith("cpu"):
+        return CPU_FACTS
+    bw = (roofline or {}).get("device_bytes_per_s")
+    return GPU_FACTS.format(device=device, bandwidth=f" ({_gb(bw)} copy bandwidth)" if bw else "")
+
+
+def candidate_rules(op: str) -> str:
+    """The candidate format and what the sandbox's static check and battery enforce."""
+    spec = get_op(op)
+    args = ", ".join(spec.arg_names)
+    outputs = "one new tensor" if spec.num_outputs == 1 else f"a tuple of {spec.num_outputs} new tensors"
+    return "\n".join([
+        "Rules for the module you write (it is judged automatically; a violation rejects it):",
+        f"- A self-contained module defining `def forward({args})` with exactly these positional "
+        f"arguments; it returns {outputs} with the inputs' dtype, device and the reference's shapes.",
+        "- forward must launch your own @triton.jit kernel(s) to compute the result. It may allocate "
+        "(torch.empty, torch.empty_like), reshape/view and read .shape/.stride()/.dtype, but must not "
+        "compute with torch (no arithmetic, reductions, torch.where, .to(), .contiguous() copies of "
+        "results, ...): every value of the output must be written by a Triton kernel.",
+        f"- Allowed imports only: {', '.join(sorted(ALLOWED_IMPORTS))}. No open/eval/exec/getattr/"
+        "globals, no dunder or _private attributes, no assignments to module attributes, no threads, "
+        "files, processes or CUDA streams/events/graphs.",
+        "- Mask every tl.load and tl.store (an out-of-bounds access corrupts memory); use other=0.0 on "
+        "loads that feed reductions.",
+        "- Convert loaded values to float32 (`.to(tl.float32)`) before any arithmetic and cast to the "
+        "output's element type only when storing (`y.to(y_ptr.dtype.element_ty)`).",
+        "- Inputs must not be modified and outputs must not alias inputs. Results must be deterministic "
+        "(no atomics whose order changes the bits) and must not be cached between calls.",
+        "- Handle every shape the op is called with (odd sizes, a single token, empty batches), not "
+        "only the ones listed below; fall back to a simpler launch configuration rather than raising.",
+    ])
+
+
+SPEC_PLUMBING = frozenset({"reference", "make_inputs", "shape_of", "dispatch_key", "cost", "SPEC", "TOLERANCES"})
+
+
+def _defined_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _segment(source: str, node: ast.stmt) -> str:
+    lines = source.splitlines()
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return "\n".join(lines[start - 1:node.end_lineno])
+
+
+def _inline_import(node: ast.ImportFrom) -> str:
+    """The definitions a `from kernels.ops.<mod> import a, b` brings in, as source; else a note."""
+    names = [a.name for a in node.names]
+    try:
+        module_source = inspect.getsource(importlib.import_module(node.module or ""))
+        tree = ast.parse(module_source)
+    except (ImportError, OSError, SyntaxError, TypeError):
+        return f"# (not available to candidates: from {node.module} import {', '.join(names)})"
+    found = []
+    for name in names:
+        defs = [n for n in tree.body if name in _defined_names(n)]
+        if not defs:
+            return f"# (not available to candidates: from {node.module} import {', '.join(names)})"
+        found.append(f"# {name}: from {node.module}, inlined\n" + _segment(module_source, defs[-1]))
+    return "\n\n".join(found)
+
+
+def _unused_helpers(tree: ast.Module, keep: set[str]) -> set[str]:
+    """Top-level plain functions nothing else refers to (make_inputs' helpers once it is gone)."""
+    removed: set[str] = set()
+    while True:
+        funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name not in keep | removed}
+        used: set[str] = set()
+        for node in tree.body:
+            if _defined_names(node) & removed:
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and not (isinstance(node, ast.FunctionDef) and sub.id == node.name):
+                    used.add(sub.id)
+        dead = {name for name, fn in funcs.items() if name not in used and not fn.decorator_list}
+        if not dead:
+            return removed
+        removed |= dead
+
+
+def kernel_text(source: str) -> str:
+    """A kernel module as a candidate would hold it: a baseline's spec plumbing (reference, make_inputs,
+    SPEC, ...), helpers only they use and `kernels.*` imports removed, helpers imported from other
+    op modules inlined. Registry entries (already candidates) come back unchanged; unparsable text too."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    plumbing = [n for n in tree.body if _defined_names(n) & SPEC_PLUMBING and isinstance(
+        n, (ast.FunctionDef, ast.Assign, ast.AnnAssign))]
+    imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "kernels"]
+    if not plumbing and not imports:
+        return source
+    pruned = ast.Module(body=[n for n in tree.body if n not in plumbing], type_ignores=[])
+    dead = _unused_helpers(pruned, keep={"forward"})
+    plumbing += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in dead]
+    lines = source.splitlines()
+    replace: dict[int, tuple[int, str]] = {}  # first line -> (last line, replacement text)
+    for node in plumbing:
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        replace[start] = (node.end_lineno or start, "")
+    for node in imports:
+        module = node.module or ""
+        text = _inline_import(node) if module.startswith("kernels.ops.") else ""
+        replace[node.lineno] = (node.end_lineno or node.lineno, text)
+    out: list[str] = []
+    i = 1
+    while i <= len(lines):
+        if i in replace:
+            end, text = replace[i]
+            if text:
+                out.append(text)
+            i = end + 1
+            continue
+        out.append(lines[i - 1])
+        i += 1
+    return re.sub(r"\n{3,}", "\n\n\n", "\n".join(out)).strip("\n") + "\n"
+
+
+def spec_text(op: str) -> str:
+    """The op spec (OpSpec.describe() without the long engine shape list)."""
+    d = get_op(op).describe()
+    tolerances = ", ".join(f"{k}: atol={v['atol']:g} rtol={v['rtol']:g}" for k, v in d["tolerances"].items())
+    return "\n".join([
+        f"Op: {d['name']}",
+        f"Signature: {d['signature']}",
+        f"Summary: {d['summary']}",
+        f"Arguments: {', '.join(d['args'])}",
+        f"Dtypes: {', '.join(d['dtypes'])}",
+        f"Tolerances (|out - ref| <= atol + rtol * |ref|, elementwise): {tolerances}",
+        f"Shape keys: {', '.join(d['shape_keys'])} (bucketed: {', '.join(d['bucketed']) or 'none'})",
+    ])
+
+
+def reference_source(op: str) -> str:
+    return inspect.getsource(get_op(op).reference).rstrip()
+
+
+def shapes_text(shapes: Iterable[dict], dtype: str) -> str:
+    shapes = list(shapes)
+    lines = [f"dtype: {dtype}"]
+    if not shapes:
+        lines.append("shapes: none recorded (optimise for the op's usual LLM shapes)")
+    for i, shape in enumerate(shapes[:MAX_SHAPES_SHOWN]):
+        lines.append(f"{'hottest' if i == 0 else f'#{i + 1}'}: {json.dumps(dict(shape), sort_keys=True)}")
+    if len(shapes) > MAX_SHAPES_SHOWN:
+        lines.append(f"... and {len(shapes) - MAX_SHAPES_SHOWN} more")
+    return "\n".join(lines)
+
+
+def roofline_text(roofline: dict | None) -> str:
+    r = roofline or {}
+    parts = []
+    if r.get("bytes_per_s") is not None:
+        parts.append(f"the current kernel moves {_gb(r['bytes_per_s'])}")
+    if r.get("roofline_pct") is not None:
+        parts.append(f"{float(r['roofline_pct']):.1f}% of the roofline")
+    if r.get("device_bytes_per_s") is not None:
+        parts.append(f"device copy bandwidth {_gb(r['device_bytes_per_s'])}")
+    return ("Roofline: " + "; ".join(parts) + ".") if parts else "Roofline: not measured yet."
+
+
+def failures_text(failures: Iterable[dict]) -> str:
+    """The last few distinct earlier failures of this op (code + reason), newest last."""
+    seen: set[tuple[str, str]] = set()
+    picked: list[tuple[str, str]] = []
+    for f in reversed(list(failures)):
+        key = (str(f.get("failure") or "?"), str(f.get("reason") or "").strip())
+        if key in seen:
+            continue
+        seen.add(key)
+        picked.append(key)
+        if len(picked) >= MAX_FAILURES_SHOWN:
+            break
+    if not picked:
+        return ""
+    lines = ["Earlier attempts at this op failed like this; do not repeat these mistakes:"]
+    lines += [f"- [{code}] {reason}" for code, reason in reversed(picked)]
+    return "\n".join(lines)
+
+
+def task_prompt(ctx: Any) -> str:
+    """The first user message of a conversation: everything the model needs for round 1."""
+    current = kernel_text(ctx.best_source or ctx.baseline_source)
+    which = "the registry's current kernel" if ctx.best_source else "the op's baseline kernel"
+    sections = [
+        f"Write a faster Triton implementation of the `{ctx.op}` op for {ctx.dtype} on {ctx.device}.",
+        "## Op spec\n" + spec_text(ctx.op),
+        "## Reference implementation (the ground truth, float32 math)\n```python\n" + reference_source(ctx.op) + "\n```",
+        f"## Current kernel ({which}, a valid candidate; yours must beat it)\n```python\n" + current.rstrip() + "\n```",
+        "## Profile (shapes the engine called this op with, hottest first)\n" + shapes_text(ctx.shapes, ctx.dtype),
+        "## Performance\n" + roofline_text(ctx.roofline),
+        "## Device\n" + device_facts(ctx.device, ctx.roofline),
+        "## " + candidate_rules(ctx.op),
+    ]
+    failed = failures_text(ctx.failures)
+    if failed:
+        sections.append("## Earlier failures\n" + failed)
+    sections.append("Reply with a short plan, then the complete module in one ```python block.")
+    return "\n\n".join(sections)
+
+
+# -- feedback ------------------------------------------------------------------------------------
+
+HINTS = {
+    "static": "Fix that line; the module is checked before it runs (imports, names, attributes, forward's signature).",
+    "load": "The module must import cleanly: check syntax, names and @triton.jit signatures.",
+    "sandbox-violation": "The sandbox blocks files, sockets, processes, threads and imports outside the allowlist.",
+    "crash": "The process died: usually an out-of-bounds access (mask every load and store) or a bad pointer.",
+    "timeout": "It ran past the time limit: too many program instances or an endless loop.",
+    "memory": "It ran out of memory: allocate only the outputs (and small scratch).",
+    "raised": "forward raised: handle every shape and dtype the op is called with.",
+    "bad-output": "Return new tensors of the op's count, shapes, dtype and device.",
+    "aliasing": "Outputs must be freshly allocated, never views of inputs.",
+    "input-mutated": "Never write into an input; store only to tensors you allocated.",
+    "mismatch": "Load, then .to(tl.float32) before arithmetic; mask loads with other=0.0; write every output element.",
+    "nondeterministic": "Avoid atomics or any order-dependent accumulation; two calls must give identical bits.",
+    "torch-compute": "Only allocation and views may use torch; compute everything in Triton kernels.",
+    "no-triton": "forward must launch a Triton kernel.",
+    "launch-independent": "The result must come from your Triton kernel, not from anything precomputed.",
+    "not-faster": "Correct, but not faster: change the strategy (grid size, block shape, fewer passes over memory).",
+    "impossible-speedup": "The timing looked faster than the hardware allows; do not cache or skip work.",
+}
+
+
+def _fmt_s(seconds: Any) -> str:
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):
+        return str(seconds)
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
+
+
+def timing_text(verdict: dict) -> str:
+    """Speedup, interval, times and roofline of a verdict that reached timing ('' if none)."""
+    parts = []
+    speedup, interval = verdict.get("speedup"), verdict.get("speedup_interval")
+    if speedup is not None:
+        s = f"speedup {float(speedup):.3f}x"
+        if interval and len(interval) == 2:
+            s += f" (95% interval [{float(interval[0]):.3f}, {float(interval[1]):.3f}])"
+        parts.append(s + f" over {verdict.get('baseline') or 'baseline'}")
+    t = verdict.get("timing") or {}
+    if t.get("candidate_s") is not None and t.get("baseline_s") is not None:
+        parts.append(f"yours {_fmt_s(t['candidate_s'])} vs baseline {_fmt_s(t['baseline_s'])} per call"
+                     + (f" at {json.dumps(t['shape'], sort_keys=True)} {t.get('dtype', '')}".rstrip() if t.get("shape") else ""))
+    if t.get("achieved_bytes_per_s") is not None:
+        s = f"achieved {_gb(t['achieved_bytes_per_s'])}"
+        if t.get("roofline_fraction") is not None:
+            s += f" = {100 * float(t['roofline_fraction']):.1f}% of roofline"
+        if t.get("copy_bandwidth_bytes_per_s"):
+            s += f" (copy bandwidth {_gb(t['copy_bandwidth_bytes_per_s'])})"
+        parts.append(s)
+    return ("Timing: " + "; ".join(parts) + ".") if parts else ""
+
+
+def feedback_text(verdict: dict) -> str:
+    """What the sandbox said about one candidate, as the next user turn of the conversation."""
+    failure = verdict.get("failure")
+    reason = str(verdict.get("reason") or "").strip()
+    lines: list[str] = []
+    if failure is None and verdict.get("accepted"):
+        lines.append(f"Accepted: {reason}" if reason else "Accepted.")
+    elif failure == "static":
+        lines.append(f"Rejected by the static check: {reason}")
+    elif failure == "load":
+        lines.append(f"Compile/import error: {reason}")
+    elif failure in ("sandbox-violation", "crash", "timeout", "memory"):
+        lines.append(f"Runtime violation ({failure}): {reason}")
+    elif failure == "mismatch":
+        lines.append(f"Wrong results (mismatch): {reason}")
+    elif failure in ("not-faster", "impossible-speedup"):
+        lines.append(f"Correct, but rejected ({failure}): {reason}")
+    elif failure:
+        lines.append(f"Rejected ({failure}): {reason}")
+    else:
+        lines.append(f"Not accepted: {reason}" if reason else "Not accepted.")
+    if failure in ("load", "raised", "crash") and verdict.get("log_tail"):
+        tail = str(verdict["log_tail"]).strip()[-MAX_LOG_CHARS:]
+        lines.append("Last output of the candidate's process:\n```\n" + tail + "\n```")
+    timing = timing_text(verdict)
+    if timing:
+        lines.append(timing)
+    if failure in HINTS:
+        lines.append("Hint: " + HINTS[failure])
+    return "\n".join(lines)
+
+
+def next_round_text(feedback: str) -> str:
+    """A feedback user turn: the verdict, then the request for a better module."""
+    return feedback + "\n\nWrite an improved, complete module in one ```python block."
+
+
+def no_code_text(finish_reason: str | None = None) -> str:
+    cut = " (it was cut off at the token limit: be more concise)" if finish_reason == "length" else ""
+    return (f"Your reply had no python code block{cut}, so nothing could be judged. Reply with the complete "
+            "module in one ```python fenced block.")

@@ -1,0 +1,109 @@
+"""The tune loop end to end on CPU: profile, propose, check, refine, commit, reload, gate, rollback.
+
+A tiny random Llama (tests/hf_checkpoints.py) keeps each run to well under a minute with Triton's
+interpreter; proposers are scripted (a fixed list, or the LLM proposer against a fake endpoint).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.gate import GATE_PROMPTS, GateConfig
+from agent.loop.context import LoopContext
+from agent.loop.graph import run_tune
+from agent.loop.state import TuneSettings
+from agent.proposers.base import Proposal
+from agent.proposers.llm import LLMProposer
+from history import History
+from kernels.device import device_fingerprint
+from kernels.registry import Registry
+
+from tests.fake_openai import FakeOpenAI
+from tests.hf_checkpoints import make_checkpoint
+
+CANDIDATES = Path(__file__).parent / "sandbox_candidates"
+FAST = CANDIDATES / "control_rmsnorm_multirow.py"  # several rows per program: fewer interpreted programs
+SETTINGS = TuneSettings(op="rmsnorm", rounds=2, candidates=2, profile_requests=2)
+
+
+class Scripted:
+    """Proposes the given files, one list per round, then nothing."""
+
+    def __init__(self, *rounds: list[Path]) -> None:
+        self.rounds = list(rounds)
+        self.seen_feedback: list[list] = []
+
+    def propose(self, ctx, feedback, n):  # noqa: ANN001
+        self.seen_feedback.append(list(feedback))
+        return [Proposal(p.read_text(), "scripted", p.stem) for p in self.rounds.pop(0)] if self.rounds else []
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("tune") / "ckpt", "gqa")
+
+
+def tune(tmp_path: Path, model_dir: Path, proposers: dict, gate: GateConfig | None = None,
+         settings: TuneSettings = SETTINGS) -> tuple[dict, History, Registry]:
+    history, registry = History(tmp_path / "history.db"), Registry(tmp_path / "registry")
+    ctx = LoopContext(history=history, registry=registry, proposers=proposers, model=str(model_dir),
+                      gate=gate or GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, repeats=1))
+    try:
+        state = run_tune(settings, ctx)
+    finally:
+        ctx.close()
+    return state, history, registry
+
+
+def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: Path) -> None:
+    scripted = Scripted([CANDIDATES / "unwritten_tail.py"], [FAST])
+    state, history, registry = tune(tmp_path, model_dir, {"scripted": scripted})
+    assert state["status"] == "winner", state["reason"]
+    # round 2 was proposed with round 1's verdict as feedback
+    assert [v["failure"] for _, v in scripted.seen_feedback[1]] == ["mismatch"]
+    entries = registry.entries()
+    assert len(entries) == 1 and entries[0].op == "rmsnorm" and entries[0].device == device_fingerprint("cpu")
+    assert entries[0].provenance.history_id == state["winner"]["candidate_id"] and entries[0].bucket == state["bucket"]
+    assert registry.source(entries[0]) == FAST.read_text()
+    kinds = [e["kind"] for e in history.registry_events(op="rmsnorm")]
+    assert sorted(kinds) == ["add", "gate", "reload"]
+    attempts = history.attempts(op="rmsnorm")
+    assert sorted(a["failure"] or "accepted" for a in attempts) == ["accepted", "mismatch"]
+    run = history.runs(limit=1)[0]
+    assert run["status"] == "winner" and run["finished_at"]
+    history.close()
+
+
+def test_a_failed_gate_rolls_the_commit_back(tmp_path: Path, model_dir: Path) -> None:
+    impossible = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, repeats=1, tps_tolerance=-100.0)  # 101x or bust
+    state, history, registry = tune(tmp_path, model_dir, {"scripted": Scripted([FAST])}, gate=impossible)
+    assert state["status"] == "gate-failed" and "tokens/s" in state["reason"]
+    assert registry.entries() == []  # rolled back by a revert commit
+    assert [c.message.split()[0] for c in registry.history()][:2] == ["Revert", "Add"]
+    assert sorted(e["kind"] for e in history.registry_events(op="rmsnorm")) == ["add", "gate", "reload", "rollback"]
+    history.close()
+
+
+def test_the_llm_proposer_gets_each_rounds_feedback(tmp_path: Path, model_dir: Path) -> None:
+    bad = "```python\nimport os\n\ndef forward(x, weight, eps):\n    return x\n```"
+    good = f"Fewer programs:\n```python\n{FAST.read_text()}```"
+    with FakeOpenAI([bad, good]) as fake:
+        llm = LLMProposer("fake-model", base_url=fake.base_url, api_key="x", backoff_s=0.01)
+        try:
+            one_per_round = TuneSettings(op="rmsnorm", rounds=2, candidates=1, profile_requests=2)
+            state, history, _ = tune(tmp_path, model_dir, {"llm": llm}, settings=one_per_round)
+        finally:
+            llm.close()
+        requests = list(fake.requests)
+    assert state["status"] == "winner", state["reason"]
+    assert len(requests) == 2
+    second = requests[1]["messages"]
+    assert "import os" in second[-2]["content"]  # round 1's code went back as the assistant's turn
+    assert "line 1: import of 'os' is not allowed" in second[-1]["content"]  # with the static check's verdict
+    candidates = history.attempts(op="rmsnorm")
+    assert {c["proposer"] for c in candidates} == {"llm"} and all(c["model"] == "fake-model" for c in candidates)
+    assert all((c["tokens_prompt"] or 0) > 0 for c in candidates)
+    history.close()

@@ -107,3 +107,55 @@ def test_the_llm_proposer_gets_each_rounds_feedback(tmp_path: Path, model_dir: P
     assert {c["proposer"] for c in candidates} == {"llm"} and all(c["model"] == "fake-model" for c in candidates)
     assert all((c["tokens_prompt"] or 0) > 0 for c in candidates)
     history.close()
+
+
+def _count(db: Path, sql: str) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        return conn.execute(sql).fetchone()[0]
+    except sqlite3.OperationalError:  # tables not created yet
+        return 0
+    finally:
+        conn.close()
+
+
+def _run_until(folder: Path, model_dir: Path, done: callable, timeout_s: float = 240) -> str:  # noqa: ANN001
+    """Start a tune process; SIGKILL it as soon as `done()` holds. Returns 'killed' or its output."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "tests.tune_child", str(folder), str(model_dir)],
+                            cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if done():
+            proc.kill()
+            proc.wait()
+            return "killed"
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+    return proc.communicate()[0]
+
+
+def test_a_hard_kill_resumes_without_duplicates(tmp_path: Path, model_dir: Path) -> None:
+    db = tmp_path / "history.db"
+    verdicts = "SELECT count(*) FROM verdicts"
+    first = _run_until(tmp_path, model_dir, lambda: _count(db, verdicts) >= 1)
+    second = _run_until(tmp_path, model_dir, lambda: _count(db, "SELECT count(*) FROM registry_events WHERE kind = 'add'") >= 1)
+    final = _run_until(tmp_path, model_dir, lambda: False)
+    assert (first, second) == ("killed", "killed"), (first, second)  # killed mid-check, then right after the commit
+    assert "FINAL winner" in final and "resuming tune run" in final, final
+    assert _count(db, "SELECT count(*) FROM agent_runs") == 1  # one run, resumed, not restarted
+    assert _count(db, "SELECT count(*) FROM candidates") == 3
+    assert _count(db, "SELECT max(n) FROM (SELECT count(*) AS n FROM verdicts GROUP BY candidate_id)") == 1
+    assert _count(db, "SELECT count(*) FROM verdicts") == 3
+    registry = Registry(tmp_path / "registry")
+    commits = [c.message.split()[0] for c in registry.history()]
+    assert commits.count("Add") == 1 and "Revert" not in commits  # committed exactly once
+    assert _count(db, "SELECT count(*) FROM registry_events WHERE kind = 'add'") == 1

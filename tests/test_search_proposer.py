@@ -1,0 +1,206 @@
+"""The search proposer (agent/proposers/search.py) and its templates (agent/proposers/templates/).
+
+CPU, Triton interpreter: the first proposals of every op are run against the reference on test and
+held-back shapes in all three dtypes; the search order (seeding, feedback, exhaustion) is checked on
+rendered sources only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from agent.proposers.base import Proposal, TuneContext
+from agent.proposers.search import SearchProposer, neighbour_distance, sha256_text
+from agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config_of, module_for, parse_header
+from kernels.compare import check_impl
+from kernels.ops import get_op
+from kernels.registry.loader import load_forward
+from sandbox.plan import HELD_BACK
+from sandbox.static_check import static_check
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def make_ctx(op: str, device: str = "cpu", shapes: tuple | None = None, **changes) -> TuneContext:
+    spec = get_op(op)
+    ctx = TuneContext(
+        op=op, dtype="float32", device=device,
+        shapes=tuple(spec.test_shapes[2:4]) if shapes is None else shapes,
+        best_source=None, baseline_source="", roofline={}, failures=(),
+    )
+    return dataclasses.replace(ctx, **changes)
+
+
+def config(source: str) -> dict:
+    header = parse_header(source)
+    assert header is not None
+    return config_of(header)
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_first_proposals_are_valid_and_correct(op):
+    spec = get_op(op)
+    ctx = make_ctx(op)
+    proposals = SearchProposer().propose(ctx, [], 3)
+    assert len(proposals) == 3
+    assert len({sha256_text(p.source) for p in proposals}) == 3
+    assert len({p.label for p in proposals}) == 3
+    shapes = list(ctx.shapes) + list(HELD_BACK[op][:2])
+    for i, p in enumerate(proposals):
+        assert p.proposer == "search" and p.model is None and p.label.startswith(op)
+        first = p.source.splitlines()[0]
+        assert first.startswith(HEADER_PREFIX)
+        header = parse_header(p.source)
+        assert header["op"] == op and list(header)[:2] == ["op", "template"]
+        assert "import kernels" not in p.source and "from kernels" not in p.source
+        result = static_check(p.source, spec.arg_names)
+        assert result.ok, (p.label, result.reason)
+        forward = load_forward(p.source, sha256_text(p.source), p.label)
+        for shape in shapes:
+            for dtype in DTYPES:
+                r = check_impl(spec, forward, shape, dtype, seed=7 + i)
+                assert r.ok, f"{p.label}: {r}"
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_every_config_renders_a_statically_valid_module(op):
+    # The full GPU space without shape filtering: every template and every parameter value.
+    spec = get_op(op)
+    module = module_for(op)
+    configs = SearchProposer().configs(make_ctx(op, device="cuda", shapes=()))
+    assert configs
+    assert {c["template"] for c in configs} == set(module.DOMAINS)
+    sources = set()
+    for params in configs:
+        source = module.render(params)
+        assert config(source) == params
+        result = static_check(source, spec.arg_names)
+        assert result.ok, (params, result.reason)
+        sources.add(source)
+    assert len(sources) == len(configs)
+    with pytest.raises(ValueError):
+        module.render({**configs[0], "num_warps": 3})
+
+
+def test_space_is_narrowed_by_shapes_and_device():
+    big = make_ctx("rmsnorm", device="cuda", shapes=({"tokens": 4, "hidden": 8192},))
+    small = make_ctx("rmsnorm", device="cuda", shapes=({"tokens": 4, "hidden": 64},))
+    sp = SearchProposer()
+    big_t = {c["template"] for c in sp.configs(big)}
+    assert {"row", "chunked"} <= big_t
+    assert "chunked" not in {c["template"] for c in sp.configs(small)}  # one chunk would cover the row
+    huge = make_ctx("rmsnorm", device="cuda", shapes=({"tokens": 2, "hidden": 100_000},))
+    assert {c["template"] for c in sp.configs(huge)} == {"chunked"}  # a whole row would not fit
+    cpu = sp.configs(make_ctx("rmsnorm", device="cpu", shapes=big.shapes))
+    assert len({c["num_warps"] for c in cpu}) == 1  # the interpreter ignores warps: no sweep there
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_best_source_seeds_its_neighbours(op):
+    ctx = make_ctx(op, device="cuda")
+    module = module_for(op)
+    space = SearchProposer().configs(ctx)
+    # a config with several neighbours in the space
+    center = max(space, key=lambda c: sum(neighbour_distance(module.DOMAINS, c, o) is not None for o in space))
+    neighbours = [o for o in space if neighbour_distance(module.DOMAINS, center, o) is not None]
+    assert len(neighbours) >= 2
+    seeded = dataclasses.replace(ctx, best_source=module.render(center))
+    proposals = SearchProposer().propose(seeded, [], len(neighbours))
+    got = [config(p.source) for p in proposals]
+    assert center not in got
+    assert sorted(map(str, got)) == sorted(map(str, neighbours))
+    # nearest values first
+    dists = [neighbour_distance(module.DOMAINS, center, g)[0] for g in got]
+    assert dists == sorted(dists)
+
+
+def test_header_is_found_in_an_edited_best_source():
+    module = module_for("silu_mul")
+    params = {"template": "grid2d", "block": 512, "num_warps": 4}
+    edited = "# an LLM touched this\n" + module.render(params) + "\n# trailing note\n"
+    ctx = make_ctx("silu_mul", device="cuda", best_source=edited)
+    first = SearchProposer().propose(ctx, [], 1)[0]
+    assert neighbour_distance(module.DOMAINS, params, config(first.source)) is not None
+
+
+def verdict(correct: bool, speedup: float | None = None, failure: str | None = None) -> dict:
+    return {"correct": correct, "accepted": bool(speedup and speedup > 1.03), "speedup": speedup,
+            "failure": failure, "reason": ""}
+
+
+def test_feedback_steers_to_the_fastest_correct_config():
+    ctx = make_ctx("silu_mul", device="cuda")
+    module = module_for("silu_mul")
+    sp = SearchProposer()
+    first = sp.propose(ctx, [], 6)
+    fast, slow = first[4], first[0]
+    feedback = [(slow, verdict(True, 0.8)), (fast, verdict(True, 1.4))]
+    nxt = sp.propose(ctx, feedback, 3)
+    assert nxt
+    for p in nxt:
+        assert neighbour_distance(module.DOMAINS, config(fast.source), config(p.source)) is not None
+    seen = {sha256_text(p.source) for p in first}
+    assert not seen & {sha256_text(p.source) for p in nxt}
+
+
+def test_failed_template_is_deprioritised():
+    ctx = make_ctx("rmsnorm", device="cuda")
+    sp = SearchProposer()
+    first = sp.propose(ctx, [], 3)
+    assert [config(p.source)["template"] for p in first] == ["row", "multirow", "chunked"]
+    bad = first[1]  # multirow
+    rest = sp.propose(ctx, [(bad, verdict(False, failure="mismatch"))], 1000)
+    templates = [config(p.source)["template"] for p in rest]
+    assert "multirow" in templates
+    k = templates.index("multirow")
+    assert set(templates[k:]) == {"multirow"}
+    # the same from history (ctx.failures), but a not-faster entry says nothing against its template
+    fresh = SearchProposer()
+    hist = make_ctx("rmsnorm", device="cuda", failures=(
+        {"source": bad.source, "failure": "mismatch", "reason": "x"},
+        {"source": first[2].source, "failure": "not-faster", "reason": "y"},
+    ))
+    order = [config(p.source)["template"] for p in fresh.propose(hist, [], 1000)]
+    assert order[:2] == ["row", "chunked"] and set(order[order.index("multirow"):]) == {"multirow"}
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_exhaustion_and_no_repeats(op):
+    ctx = make_ctx(op)
+    sp = SearchProposer()
+    size = len(sp.configs(ctx))
+    excluded = sp.propose(make_ctx(op), [], 1)[0]  # proposed once: never again
+    ctx = dataclasses.replace(ctx, failures=({"source": "not ours", "failure": "static", "reason": ""},))
+    seen = {sha256_text(excluded.source)}
+    feedback = [(excluded, verdict(True, 1.1))]
+    while True:
+        batch = sp.propose(ctx, feedback, 4)
+        if not batch:
+            break
+        assert len(batch) <= 4
+        for p in batch:
+            digest = sha256_text(p.source)
+            assert digest not in seen
+            seen.add(digest)
+            feedback.append((p, verdict(True, 1.0)))
+    assert len(seen) == size
+    assert sp.propose(ctx, feedback, 4) == []
+    assert SearchProposer().propose(ctx, feedback, 4) == []  # a fresh object honours feedback too
+    assert SearchProposer().propose(make_ctx(op), [], 0) == []
+
+
+def test_unknown_op_gives_nothing():
+    ctx = dataclasses.replace(make_ctx("rmsnorm"), op="softmax")
+    assert SearchProposer().propose(ctx, [], 3) == []
+
+
+def test_seed_reorders_reproducibly():
+    ctx = make_ctx("decode_attention", device="cuda")
+    a = [p.label for p in SearchProposer(seed=1).propose(ctx, [], 10)]
+    b = [p.label for p in SearchProposer(seed=1).propose(ctx, [], 10)]
+    c = [p.label for p in SearchProposer(seed=0).propose(ctx, [], 10)]
+    assert a == b and a != c
+    assert isinstance(Proposal, type)

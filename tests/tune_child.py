@@ -1,0 +1,42 @@
+"""A tune run in its own process, for the crash-and-resume test: `python -m tests.tune_child DIR MODEL`.
+
+It resumes the unfinished run in DIR's history when there is one, exactly as `agent tune` does.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from agent.gate import GATE_PROMPTS, GateConfig
+from agent.loop.context import LoopContext
+from agent.loop.graph import run_tune, unfinished_run
+from agent.loop.state import TuneSettings
+from agent.proposers.base import Proposal
+from history import History
+from kernels.registry import Registry
+
+CANDIDATES = Path(__file__).parent / "sandbox_candidates"
+FILES = ["unwritten_tail.py", "control_rmsnorm_row.py", "control_rmsnorm_multirow.py"]
+
+
+class Fixed:
+    def propose(self, ctx, feedback, n):  # noqa: ANN001
+        return [] if feedback else [Proposal((CANDIDATES / f).read_text(), "fixed", f) for f in FILES]
+
+
+def main(folder: Path, model: str) -> None:
+    with History(folder / "history.db") as history:
+        ctx = LoopContext(history=history, registry=Registry(folder / "registry"), proposers={"fixed": Fixed()},
+                          model=model, gate=GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, repeats=1),
+                          progress=lambda m: print(m, flush=True))
+        try:
+            state = run_tune(TuneSettings(op="rmsnorm", rounds=1, candidates=3, profile_requests=2), ctx,
+                             resume=unfinished_run(ctx, "rmsnorm"))
+        finally:
+            ctx.close()
+    print("FINAL", state["status"], flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])

@@ -8,9 +8,9 @@ import sys
 
 from kernels.errors import KernelloopError
 
-from agent.commands import check, history, ops, profile, registry, report, tune
+from agent.commands import check, daemon, history, ops, pr, profile, registry, report, tune, verify
 
-COMMANDS = (ops, check, profile, tune, registry, history, report)
+COMMANDS = (ops, check, profile, tune, daemon, verify, pr, registry, history, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ from history import queries
 from history.db import HistoryError, check_file, connect, enable_wal, inspect, now_iso, resolve_path
 from history.schema import SCHEMA_VERSION, migrate
 
-REGISTRY_EVENT_KINDS = ("add", "reload", "rollback", "gate", "verify")
+REGISTRY_EVENT_KINDS = ("add", "reload", "rollback", "gate", "verify", "pr")
 PROFILE_FIELDS = ("device", "engine", "model", "kernels", "partial_reason", "wall_seconds", "busy_seconds",
                   "steps", "requests", "output_tokens", "tokens_per_second", "ttft_ms_median",
                   "tpot_ms_median", "prefix_hit_rate")

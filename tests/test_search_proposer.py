@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from agent.proposers.base import Proposal, TuneContext
+from agent.proposers.base import TuneContext
 from agent.proposers.search import SearchProposer, neighbour_distance, sha256_text
 from agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config_of, module_for, parse_header
 from kernels.compare import check_impl
@@ -95,7 +95,8 @@ def test_space_is_narrowed_by_shapes_and_device():
     huge = make_ctx("rmsnorm", device="cuda", shapes=({"tokens": 2, "hidden": 100_000},))
     assert {c["template"] for c in sp.configs(huge)} == {"chunked"}  # a whole row would not fit
     cpu = sp.configs(make_ctx("rmsnorm", device="cpu", shapes=big.shapes))
-    assert len({c["num_warps"] for c in cpu}) == 1  # the interpreter ignores warps: no sweep there
+    for template in ("row", "multirow", "chunked"):  # the interpreter ignores warps: no sweep there
+        assert len({c["num_warps"] for c in cpu if c["template"] == template}) == 1
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
@@ -164,7 +165,8 @@ def test_failed_template_is_deprioritised():
         {"source": first[2].source, "failure": "not-faster", "reason": "y"},
     ))
     order = [config(p.source)["template"] for p in fresh.propose(hist, [], 1000)]
-    assert order[:2] == ["row", "chunked"] and set(order[order.index("multirow"):]) == {"multirow"}
+    k = order.index("multirow")
+    assert order[0] == "row" and "chunked" in order[:k] and set(order[k:]) == {"multirow"}
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
@@ -203,4 +205,3 @@ def test_seed_reorders_reproducibly():
     b = [p.label for p in SearchProposer(seed=1).propose(ctx, [], 10)]
     c = [p.label for p in SearchProposer(seed=0).propose(ctx, [], 10)]
     assert a == b and a != c
-    assert isinstance(Proposal, type)

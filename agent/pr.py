@@ -1,0 +1,470 @@
+"""Proposing registry kernels to a team repository: an export, a branch, a commit, a push, a PR.
+
+The registry's current manifest and the sources of its entries are copied byte for byte under
+`kernelloop/registry/` of a git working tree, on a new branch made in a temporary `git worktree`
+(the user's checkout never moves, so nothing of theirs can be committed or lost), committed as
+`kernelloop <kernelloop@localhost>` and pushed with its upstream set. Entries count as proposed once
+History holds a registry event of kind "pr" for their id; those events are recorded after the push.
+When a GitHub token and repository are known, the pull request is opened through the REST API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import git
+import httpx
+
+from history import History, default_history_path
+from kernels.errors import KernelloopError, RegistryError
+from kernels.registry import Registry
+from kernels.registry.entry import Entry
+from kernels.registry.manifest import MANIFEST_NAME, parse_manifest
+
+EXPORT_DIR = "kernelloop/registry"
+DEFAULT_GITHUB_API = "https://api.github.com"
+GITHUB_TIMEOUT_S = 30.0
+AUTHOR_NAME, AUTHOR_EMAIL = "kernelloop", "kernelloop@localhost"
+NOTHING_NEW = "nothing to propose: every registry entry has been proposed"
+
+
+class PrError(KernelloopError):
+    """A proposal could not be made (or its pull request not opened); the message is one line."""
+
+
+def one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+# -- what to propose ---------------------------------------------------------------------------
+
+
+@dataclass
+class Snapshot:
+    """The registry as read once: the manifest's bytes, its entries, and every entry's source bytes."""
+
+    path: Path
+    manifest: bytes
+    entries: list[Entry]
+    sources: dict[str, bytes]  # entry.source_path -> bytes
+    commit: str | None  # the registry repository's HEAD, when it is one
+
+
+def read_registry(reg: Registry) -> Snapshot:
+    """Read the manifest once and the sources it names, checking each against its sha256."""
+    if not reg.exists():
+        reg.entries()  # a path that is not a registry raises its one line here
+        return Snapshot(reg.path, b"", [], {}, None)
+    try:
+        manifest = reg.manifest_path.read_bytes()
+        entries = parse_manifest(manifest.decode("utf-8"), str(reg.manifest_path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RegistryError(f"registry manifest {reg.manifest_path} is unreadable ({one_line(exc)})") from None
+    sources: dict[str, bytes] = {}
+    for e in entries:
+        try:
+            data = (reg.path / e.source_path).read_bytes()
+        except OSError as exc:
+            raise RegistryError(f"{e.id}: source {e.source_path} is unreadable ({exc.strerror or exc})") from None
+        if hashlib.sha256(data).hexdigest() != e.sha256:
+            raise RegistryError(f"{e.id}: source {e.source_path} does not match its sha256; refusing to propose it")
+        sources[e.source_path] = data
+    commits = reg.history(limit=1)
+    return Snapshot(reg.path, manifest, entries, sources, commits[0].sha if commits else None)
+
+
+def proposed_ids(hist: History | None) -> set[str]:
+    if hist is None:
+        return set()
+    return {e["entry_id"] for e in hist.registry_events(limit=-1) if e["kind"] == "pr" and e["entry_id"]}
+
+
+def latest_timing(hist: History | None, entry: Entry) -> dict[str, Any] | None:
+    """The timing of the latest verdict on the entry's history candidate, when there is one."""
+    cid = entry.provenance.history_id
+    if hist is None or cid is None:
+        return None
+    try:
+        cand = hist.candidate(int(cid))
+    except (TypeError, ValueError):
+        return None
+    if not cand or not cand.get("verdicts"):
+        return None
+    timing = cand["verdicts"][-1].get("timing")
+    return dict(timing) if isinstance(timing, dict) and timing else None
+
+
+# -- the PR's text -----------------------------------------------------------------------------
+
+
+def branch_name(entries: list[Entry], now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"kernelloop/{stamp}-{entries[0].id}"
+
+
+def title_for(entries: list[Entry]) -> str:
+    ops = sorted({e.op for e in entries})
+    n = len(entries)
+    return f"kernelloop: {n} kernel{'' if n == 1 else 's'} for {', '.join(ops)}"
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    return one_line(value).replace("|", "\\|")
+
+
+def _seconds(value: Any) -> str:
+    if value is None:
+        return "—"
+    s = float(value)
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s:.3f} s"
+
+
+def _fraction(value: Any) -> str:
+    return "—" if value is None else f"{100 * float(value):.1f}%"
+
+
+def speedup_text(e: Entry) -> str:
+    return f"{e.speedup:.3f}x [{e.speedup_ci[0]:.3f}, {e.speedup_ci[1]:.3f}]"
+
+
+def render_body(new: list[Entry], snapshot: Snapshot, timings: dict[str, dict[str, Any] | None]) -> str:
+    n_new, n_all = len(new), len(snapshot.entries)
+    where = f" at registry commit `{snapshot.commit}`" if snapshot.commit else ""
+    lines = [
+        f"kernelloop proposes {n_new} verified kernel{'' if n_new == 1 else 's'} new since its last proposal.",
+        "",
+        f"The registry is exported under `{EXPORT_DIR}/`: `{MANIFEST_NAME}` and `kernels/<op>/<sha256>.py`, "
+        f"byte-identical copies of the registry's files{where}, so this diff is exactly the new or changed kernels.",
+    ]
+    if n_all > n_new:
+        old = n_all - n_new
+        lines.append(f"The manifest holds {n_all} entries in all; {old} of them "
+                     f"{'was' if old == 1 else 'were'} proposed before and {'is' if old == 1 else 'are'} not listed here.")
+    lines += [
+        "",
+        "### Benchmarks",
+        "",
+        "Speedup: median over the kernel the engine ran before, with its 95% bootstrap interval. Times are the "
+        "latest sandbox verdict's medians per call; roofline is the fraction of the device's copy bandwidth reached.",
+        "",
+        "| entry | op | device | dtype | bucket | speedup [95% interval] | baseline | candidate | roofline "
+        "| proposer | model | history id | verified at |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in new:
+        t = timings.get(e.id) or {}
+        p = e.provenance
+        lines.append("| " + " | ".join([
+            f"`{e.id}`", _cell(e.op), _cell(e.device), _cell(e.dtype), f"`{_cell(e.bucket)}`", speedup_text(e),
+            _seconds(t.get("baseline_s")), _seconds(t.get("candidate_s")), _fraction(t.get("roofline_fraction")),
+            _cell(p.proposer), _cell(p.model), _cell(p.history_id), _cell(e.verified_at),
+        ]) + " |")
+    lines += ["", "### Provenance", ""]
+    for e in new:
+        p, t = e.provenance, timings.get(e.id)
+        measured = ""
+        if t and t.get("shape") is not None:
+            measured = f"; timed at shape `{json.dumps(t['shape'], sort_keys=True)}` {_cell(t.get('dtype'))}"
+        lines.append(
+            f"- `{e.id}`: proposed by {_cell(p.proposer)} (model {_cell(p.model)}, prompt hash {_cell(p.prompt_hash)}), "
+            f"history candidate {_cell(p.history_id)}; source `{EXPORT_DIR}/{e.source_path}` "
+            f"(sha256 `{e.sha256}`); verified {_cell(e.verified_at)}, added {_cell(e.added_at)}{measured}."
+        )
+    lines += [
+        "",
+        "### How to roll back",
+        "",
+        "Withdraw a kernel from the registry (a revert commit there; dispatch then serves what it served before):",
+        "",
+        "```",
+        *[f"agent registry rollback {e.id}" for e in new],
+        "```",
+        "",
+        "Undo this pull request here by reverting it (`git revert <its commit>`, or `git revert -m 1 <merge commit>` "
+        "for a merge commit); the registry itself is changed only by `agent registry rollback`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# -- GitHub ------------------------------------------------------------------------------------
+
+_GITHUB_URL = re.compile(r"^(?:https?://(?:[^@/]+@)?github\.com/|ssh://(?:[^@/]+@)?github\.com(?::\d+)?/|"
+                         r"(?:[^@/]+@)?github\.com:)([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
+
+
+def github_slug(url: str | None) -> str | None:
+    """"owner/name" of a github.com remote URL (https, ssh or scp-like), else None."""
+    m = _GITHUB_URL.match((url or "").strip())
+    return f"{m.group(1)}/{m.group(2)}" if m else None
+
+
+def check_slug(slug: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", slug):
+        raise PrError(f"--github-repo must be OWNER/NAME, not {slug!r}")
+    return slug
+
+
+def open_pull_request(api: str, slug: str, token: str, *, title: str, head: str, base: str, body: str) -> str:
+    """POST /repos/{slug}/pulls; the new pull request's html_url. Errors: PrError, one line."""
+    url = f"{api.rstrip('/')}/repos/{slug}/pulls"
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
+               "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "kernelloop"}
+    try:
+        r = httpx.post(url, json={"title": title, "head": head, "base": base, "body": body},
+                       headers=headers, timeout=GITHUB_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise PrError(f"GitHub API request to {url} failed ({type(exc).__name__}: {one_line(exc)})") from None
+    try:
+        data = r.json()
+    except ValueError:
+        data = None
+    if not 200 <= r.status_code < 300:
+        detail = ""
+        if isinstance(data, dict):
+            detail = str(data.get("message") or "")
+            errors = [e.get("message") or e.get("code") for e in data.get("errors") or [] if isinstance(e, dict)]
+            if any(errors):
+                detail += " (" + "; ".join(str(e) for e in errors if e) + ")"
+        raise PrError(one_line(f"GitHub API answered {r.status_code} {r.reason_phrase}: {detail or r.text[:200]}"))
+    if not isinstance(data, dict) or not data.get("html_url"):
+        raise PrError(f"GitHub API answered {r.status_code} without the pull request's html_url")
+    return str(data["html_url"])
+
+
+# -- git ---------------------------------------------------------------------------------------
+
+
+def _git_error(exc: git.GitCommandError) -> PrError:
+    stderr = str(exc.stderr or "").strip()
+    stderr = re.sub(r"^stderr:\s*'?|'$", "", stderr)
+    verb = exc.command[1] if isinstance(exc.command, (list, tuple)) and len(exc.command) > 1 else "git"
+    return PrError(one_line(f"git {verb} failed: {stderr or exc}"))
+
+
+@dataclass
+class Target:
+    """The team repository: a clean working tree with a remote and a base branch."""
+
+    repo: git.Repo
+    remote: str
+    base: str
+    fetch: bool = field(default=False)  # the remote has `base`: fetch it and branch from it
+
+    @property
+    def root(self) -> Path:
+        return Path(self.repo.working_tree_dir or ".")
+
+
+def open_target(path: str | os.PathLike[str], remote: str, base: str | None, *, for_real: bool = True) -> Target:
+    """The repository at (or above) `path`. `for_real=False` (a dry run) neither asks the remote
+    nor refuses a dirty tree."""
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise PrError(f"{path} is not a git working tree (pass --repo)") from None
+    if repo.bare:
+        raise PrError(f"{repo.git_dir} is a bare repository; --repo needs a working tree")
+    if for_real and repo.is_dirty(index=True, working_tree=True, untracked_files=True):
+        raise PrError(f"{repo.working_tree_dir} has uncommitted changes; commit or stash them first (nothing was proposed)")
+    if remote not in [r.name for r in repo.remotes]:
+        raise PrError(f"{repo.working_tree_dir} has no remote {remote!r} (pass --remote)")
+    if base is None:
+        if repo.head.is_detached:
+            raise PrError(f"{repo.working_tree_dir} is on a detached HEAD; pass --base BRANCH")
+        base = repo.active_branch.name
+    target = Target(repo, remote, base)
+    if for_real:
+        try:
+            target.fetch = bool(repo.git.ls_remote("--heads", remote, f"refs/heads/{base}").strip())
+        except git.GitCommandError as exc:
+            raise _git_error(exc) from None
+    if for_real and not target.fetch and f"refs/heads/{base}" not in {h.path for h in repo.heads}:
+        raise PrError(f"base branch {base!r} is neither on {remote!r} nor local in {repo.working_tree_dir}")
+    return target
+
+
+def _write_export(root: Path, snapshot: Snapshot) -> None:
+    out = root / EXPORT_DIR
+    for rel, data in [(MANIFEST_NAME, snapshot.manifest), *snapshot.sources.items()]:
+        dest = out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+
+
+def commit_and_push(target: Target, snapshot: Snapshot, branch: str, message: str) -> str:
+    """Branch from the base in a temporary worktree, write the export, commit, push with upstream.
+    Returns the commit sha. On any failure before the push succeeds the local branch is deleted."""
+    repo, remote, base = target.repo, target.remote, target.base
+    tmp = Path(tempfile.mkdtemp(prefix="kernelloop-pr-"))
+    worktree = tmp / "tree"
+    created = pushed = False
+    try:
+        if target.fetch:
+            repo.git.fetch("--quiet", remote, f"+refs/heads/{base}:refs/remotes/{remote}/{base}")
+            start = f"refs/remotes/{remote}/{base}"
+        else:
+            start = f"refs/heads/{base}"
+        repo.git.worktree("add", "--quiet", "--no-track", "-b", branch, str(worktree), start)
+        created = True
+        wt = git.Repo(worktree)
+        try:
+            _write_export(worktree, snapshot)
+            wt.git.add("--", EXPORT_DIR)
+            if not wt.git.diff("--cached", "--name-only").strip():
+                raise PrError(f"{base} already holds this export under {EXPORT_DIR}/; nothing to commit")
+            env = {"GIT_AUTHOR_NAME": AUTHOR_NAME, "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
+                   "GIT_COMMITTER_NAME": AUTHOR_NAME, "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL}
+            with wt.git.custom_environment(**env):
+                wt.git.commit("--quiet", "-m", message)
+            sha = wt.head.commit.hexsha
+        finally:
+            wt.close()
+        repo.git.push("--quiet", "--set-upstream", remote, f"refs/heads/{branch}:refs/heads/{branch}")
+        pushed = True
+        return sha
+    except git.GitCommandError as exc:
+        raise _git_error(exc) from None
+    finally:
+        if created:
+            try:
+                repo.git.worktree("remove", "--force", str(worktree))
+            except git.GitCommandError:
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            repo.git.worktree("prune")
+            if created and not pushed:
+                repo.git.branch("-D", branch)
+        except git.GitCommandError:
+            pass
+
+
+# -- the whole proposal ------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    repo: str = "."
+    remote: str = "origin"
+    base: str | None = None
+    registry: str | None = None
+    history: str | None = None
+    dry_run: bool = False
+    token: str | None = None
+    github_repo: str | None = None
+    github_api: str | None = None
+
+
+@dataclass
+class Result:
+    new: list[Entry]
+    branch: str | None = None
+    base: str | None = None
+    remote: str | None = None
+    title: str | None = None
+    body: str | None = None
+    commit: str | None = None
+    pushed: bool = False
+    dry_run: bool = False
+    url: str | None = None
+    github: str | None = None  # why no pull request was opened through the API, when none was
+    timings: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "proposed": [{**e.to_dict(), "timing": self.timings.get(e.id)} for e in self.new],
+            "branch": self.branch, "base": self.base, "remote": self.remote, "title": self.title,
+            "body": self.body, "commit": self.commit, "pushed": self.pushed, "dry_run": self.dry_run,
+            "url": self.url, "github": self.github,
+            **({} if self.new else {"message": NOTHING_NEW}),
+        }
+
+
+def _open_history(path: str | None, *, create: bool) -> History | None:
+    p = default_history_path() if path is None else Path(path).expanduser()
+    if not create and not p.exists():
+        return None
+    return History(p)
+
+
+def propose(opts: Options, now: datetime | None = None) -> Result:
+    """Export, branch, commit, push and (when configured) open the PR for entries not yet proposed.
+
+    Raises PrError/RegistryError/HistoryError (KernelloopError) with one line. When the pull request
+    cannot be opened after a successful push, the "pr" events are recorded and PrError names the branch."""
+    reg = Registry(opts.registry)
+    if opts.registry is not None and not reg.path.exists():
+        raise RegistryError(f"no registry at {reg.path}")
+    snapshot = read_registry(reg)
+    token = opts.token or os.environ.get("GITHUB_TOKEN") or None
+    api = opts.github_api or os.environ.get("KERNELLOOP_GITHUB_API") or DEFAULT_GITHUB_API
+    slug = check_slug(opts.github_repo) if opts.github_repo else None
+
+    hist = _open_history(opts.history, create=not opts.dry_run)
+    try:
+        return _propose(opts, snapshot, hist, token, api, slug, now)
+    finally:
+        if hist is not None:
+            hist.close()
+
+
+def _propose(opts: Options, snapshot: Snapshot, hist: History | None, token: str | None, api: str,
+             slug: str | None, now: datetime | None) -> Result:
+    done = proposed_ids(hist)
+    new = [e for e in snapshot.entries if e.id not in done]
+    if not new:
+        return Result(new=[], dry_run=opts.dry_run)
+    target = open_target(opts.repo, opts.remote, opts.base, for_real=not opts.dry_run)
+    try:
+        timings = {e.id: latest_timing(hist, e) for e in new}
+        result = Result(new=new, branch=branch_name(new, now), base=target.base, remote=target.remote,
+                        title=title_for(new), body=render_body(new, snapshot, timings),
+                        dry_run=opts.dry_run, timings=timings)
+        if slug is None:
+            slug = github_slug(target.repo.remote(target.remote).url)
+        if not token or not slug:
+            missing = [what for what, ok in (("no GitHub token (GITHUB_TOKEN or --token)", token),
+                                             ("no GitHub repository (--github-repo or a github.com remote)", slug))
+                       if not ok]
+            result.github = " and ".join(missing)
+        if opts.dry_run:
+            return result
+        message = f"{result.title}\n\nEntries: {', '.join(e.id for e in new)}\n"
+        result.commit = commit_and_push(target, snapshot, result.branch, message)
+        result.pushed = True
+        error: PrError | None = None
+        if result.github is None:
+            try:
+                result.url = open_pull_request(api, slug, token, title=result.title, head=result.branch,
+                                               base=target.base, body=result.body)
+            except PrError as exc:
+                error = exc
+        for e in new:
+            detail = {"branch": result.branch, "url": result.url, "remote": target.remote, "base": target.base}
+            if error is not None:
+                detail["error"] = str(error)
+            hist.record_registry_event("pr", e.op, entry_id=e.id, commit_sha=result.commit, device=e.device,
+                                       dtype=e.dtype, bucket=e.bucket, speedup=e.speedup, ok=error is None,
+                                       detail=detail)
+        if error is not None:
+            raise PrError(f"{error}; branch {result.branch} is pushed to {target.remote}: "
+                          "open the pull request from it by hand")
+        return result
+    finally:
+        target.repo.close()

@@ -88,11 +88,12 @@ step() {  # step NAME TIMEOUT_S CMD [ARGS...]
 }
 
 # One line per step; keep the sum of timeouts under BUDGET_S.
-step pytest-gpu 110 env KERNELLOOP_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
-step baselines 110 "$PYTHON" -m bench.baselines --device cuda --strict --time-budget-s 80 --out-dir "$OUT_DIR"
-step engine-decode 120 "$PYTHON" -m bench.engine_gpu --out-dir "$OUT_DIR"
-step sandbox-gpu 100 "$PYTHON" -m bench.sandbox_gpu --out-dir "$OUT_DIR"
-step profile-gpu 100 "$PYTHON" -m bench.profile_gpu --out-dir "$OUT_DIR"
+step pytest-gpu 100 env KERNELLOOP_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
+step baselines 90 "$PYTHON" -m bench.baselines --device cuda --strict --time-budget-s 60 --out-dir "$OUT_DIR"
+step engine-decode 100 "$PYTHON" -m bench.engine_gpu --out-dir "$OUT_DIR"
+step sandbox-gpu 80 "$PYTHON" -m bench.sandbox_gpu --out-dir "$OUT_DIR"
+step profile-gpu 80 "$PYTHON" -m bench.profile_gpu --out-dir "$OUT_DIR"
+step tune-gpu 90 "$PYTHON" -m bench.tune_gpu --out-dir "$OUT_DIR"
 
 # ---- collect reports written during this run, then the summary (printed last) ---------------------
 if [[ -d docs/benchmarks ]]; then

@@ -159,3 +159,20 @@ def test_a_hard_kill_resumes_without_duplicates(tmp_path: Path, model_dir: Path)
     commits = [c.message.split()[0] for c in registry.history()]
     assert commits.count("Add") == 1 and "Revert" not in commits  # committed exactly once
     assert _count(db, "SELECT count(*) FROM registry_events WHERE kind = 'add'") == 1
+
+
+def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "tune", "rmsnorm", "--model", str(model_dir), "--rounds", "1",
+         "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json"],
+        cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads(result.stdout)
+    assert state["status"] in ("winner", "no-winner") and state["reason"]
+    assert len(state["judged"]) == 2 and all(j["proposer"] == "search" for j in state["judged"])
+    assert "profiling the engine" in result.stderr and "round 1: 2 new candidates" in result.stderr
+    if state["status"] == "winner":
+        assert Registry(tmp_path / "reg").entries()[0].id == state["committed"]["entry_id"]

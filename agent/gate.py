@@ -61,7 +61,8 @@ class GateResult:
         return asdict(self)
 
 
-def _prompt_ids(engine: Engine, prompts: tuple[str, ...]) -> list[list[int]]:
+def prompt_ids(engine: Engine, prompts: tuple[str, ...]) -> list[list[int]]:
+    """The gate prompts as token ids (chat-templated when the model has a template)."""
     tok = engine.tokenizer
     if tok.chat_template is not None:
         return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
@@ -71,7 +72,7 @@ def _prompt_ids(engine: Engine, prompts: tuple[str, ...]) -> list[list[int]]:
 
 def measure(engine: Engine, config: GateConfig) -> Measurement:
     """Greedy decoding of every prompt (one batch), with the full distribution at each position."""
-    prompts = _prompt_ids(engine, config.prompts)
+    prompts = prompt_ids(engine, config.prompts)
     params = SamplingParams(max_tokens=config.max_tokens, temperature=0.0, ignore_eos=True)
     best_tps, captured = 0.0, {}
     for _ in range(max(1, config.repeats)):

@@ -43,14 +43,20 @@ class EngineLoop:
 
     # -- called from the server's event loop ---------------------------------------------------
 
-    async def submit(self, prompt_ids: list[int], params: SamplingParams) -> tuple[str, asyncio.Queue]:
-        """Add a request; its StepOutputs arrive on the returned queue. Raises what add_request raises."""
+    async def submit(self, prompt_ids: list[int], params: SamplingParams,
+                     prepare: Callable[[str], None] | None = None) -> tuple[str, asyncio.Queue]:
+        """Add a request; its StepOutputs arrive on the returned queue. Raises what add_request raises.
+
+        `prepare(rid)` runs in the loop thread right after the request is added, before any step.
+        """
         out: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
         def add() -> str:
             req = self.engine.add_request(prompt_ids, params)
             self._sinks[req.rid] = (loop, out)
+            if prepare is not None:
+                prepare(req.rid)
             return req.rid
 
         rid = await self.call(add)

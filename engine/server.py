@@ -3,6 +3,7 @@ profile hooks and hot kernel reload. Bad requests get OpenAI-style error JSON an
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, AsyncIterator
 
@@ -15,6 +16,7 @@ from engine.loop import EngineLoop
 from engine.metrics import render_metrics
 from engine.openai_api import (APIError, ChatRequest, CompletionRequest, chat_body, chat_chunk, chat_logprobs,
                                completion_body, completion_logprobs, new_id, usage)
+from engine import gate_endpoint
 from engine.profiling import StepProfiler
 from engine.sampling import InvalidSamplingParams
 
@@ -25,6 +27,7 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
     app = FastAPI(title="kernelloop engine")
     engine = loop.engine
     profiler = StepProfiler(loop)
+    gate_lock = asyncio.Lock()
 
     @app.exception_handler(APIError)
     async def api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
@@ -89,7 +92,9 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok" if loop.error is None else "degraded", "last_error": loop.error,
-                "device": engine.kernels.device, "kernels": engine.kernels.mode, "model": model_name}
+                "device": engine.kernels.device, "kernels": engine.kernels.mode, "model": model_name,
+                "model_dir": str(engine.model_dir),
+                "registry": str(engine.kernels.registry.path) if engine.kernels.registry is not None else None}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -161,6 +166,10 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
     async def reload() -> dict[str, Any]:
         changed = await loop.call(engine.reload_kernels)
         return {"changed": changed, "registry_error": engine.kernels.registry_error}
+
+    @app.post("/gate/measure")
+    async def gate_measure(body: dict[str, Any]) -> dict[str, Any]:
+        return await gate_endpoint.measure(loop, gate_lock, body)
 
     @app.post("/profile/start")
     async def profile_start() -> dict[str, Any]:

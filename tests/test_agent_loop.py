@@ -176,3 +176,29 @@ def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> No
     assert "profiling the engine" in result.stderr and "round 1: 2 new candidates" in result.stderr
     if state["status"] == "winner":
         assert Registry(tmp_path / "reg").entries()[0].id == state["committed"]["entry_id"]
+
+
+def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    import httpx
+
+    from engine.engine import Engine, EngineConfig
+    from tests.serving import serve
+
+    engine = Engine(EngineConfig(model=str(model_dir), kernels="registry", registry=str(tmp_path / "reg")))
+    with serve(engine, "tiny") as (base, loop):
+        bad = httpx.post(f"{base}/gate/measure", json={"prompts": [], "max_tokens": 3}, timeout=10)
+        assert bad.status_code == 400 and "prompts" in bad.text
+        result = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "tune", "rmsnorm", "--engine", base, "--rounds", "1",
+             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json"],
+            cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        state = json.loads(result.stdout)
+        in_use = loop.engine.kernels.variants_in_use()["rmsnorm"]
+    assert state["status"] in ("winner", "no-winner"), state["reason"]
+    if state["status"] == "winner":  # committed to the engine's own registry and hot-reloaded by it
+        entry = Registry(tmp_path / "reg").entries()[0]
+        assert f"registry:{entry.id}" in in_use.values() and state["gate"]["greedy_same"]

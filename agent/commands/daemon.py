@@ -6,9 +6,7 @@ import argparse
 import logging
 import sys
 
-import torch
-
-from agent.commands.tune import _proposers
+from agent.commands.tune import _proposers, engine_target
 from agent.daemon import Daemon, DaemonMetrics, serve_metrics
 from agent.gate import GateConfig
 from agent.loop.context import LoopContext
@@ -22,7 +20,7 @@ log = logging.getLogger("kernelloop.daemon")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("daemon", help="profile, tune, commit, verify, sleep; until SIGTERM or the budget is spent")
-    p.add_argument("--engine", default=None, metavar="URL", help="tune a running engine (not supported yet: in-process only)")
+    p.add_argument("--engine", default=None, metavar="URL", help="tune this running engine (see agent tune --help)")
     p.add_argument("--op", default=None, help="tune only this op (default: the profile's best target each run)")
     p.add_argument("--interval", type=float, default=600.0, help="seconds to sleep between runs (default 600)")
     p.add_argument("--max-runs", type=int, default=None, help="stop after this many tune runs")
@@ -41,8 +39,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.engine:
-        raise KernelloopError("--engine: tuning a remote engine is not supported yet; run without --engine")
     if args.interval < 0 or (args.max_runs is not None and args.max_runs < 1):
         raise KernelloopError("--interval must be >= 0 and --max-runs >= 1")
     handlers = [logging.StreamHandler(sys.stderr)] + ([logging.FileHandler(args.log_file)] if args.log_file else [])
@@ -51,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
         log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.op is not None:
         from kernels import get_op
 
         get_op(args.op)
+    remote, device, registry, model = engine_target(args)
     settings = TuneSettings(op=args.op, device=device, rounds=args.rounds, candidates=args.candidates)
     metrics = DaemonMetrics()
     server = None
@@ -64,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("metrics on http://127.0.0.1:%d/metrics", server.server_address[1])
     try:
         with History(args.history) as history:
-            ctx = LoopContext(history=history, registry=Registry(args.registry), proposers=_proposers(args),
-                              device=device, model=args.model, gate=GateConfig(), progress=log.info)
+            ctx = LoopContext(history=history, registry=Registry(registry), proposers=_proposers(args),
+                              device=device, model=model, remote=remote, gate=GateConfig(), progress=log.info)
             daemon = Daemon(ctx, settings, interval_s=args.interval, max_runs=args.max_runs,
                             max_seconds=args.max_hours * 3600 if args.max_hours else None, metrics=metrics)
             daemon.install_signal_handlers()

@@ -1,6 +1,8 @@
 """`agent tune [OP]`: the whole loop once: profile, propose, check, refine, commit, reload, verify.
 
-Without `--engine` it starts the engine on the embedded model in this process. A run that was
+Without `--engine` it starts the engine on the embedded model in this process; with it, it tunes
+that serving engine (profile over HTTP, commit to its registry, POST /kernels/reload, the gate's
+measurements taken by the engine through POST /gate/measure). A run that was
 killed resumes where it stopped the next time `agent tune` runs for the same op (`--restart`
 abandons it instead).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,9 +21,11 @@ from agent.gate import GateConfig
 from agent.loop.context import LoopContext
 from agent.loop.graph import run_tune, unfinished_run
 from agent.loop.state import TuneSettings
+from agent.remote import RemoteEngine
 from agent.render import print_json, print_table
 from history import History
 from kernels import get_op
+from kernels.device import device_fingerprint
 from kernels.errors import KernelloopError
 from kernels.registry import Registry
 
@@ -28,7 +33,9 @@ from kernels.registry import Registry
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="tune one op end to end: profile, propose, check, commit, reload, verify")
     p.add_argument("op", nargs="?", default=None, help="the op (default: chosen from the profile)")
-    p.add_argument("--engine", default=None, metavar="URL", help="tune a running engine (not supported yet: in-process only)")
+    p.add_argument("--engine", default=None, metavar="URL",
+                   help="tune a running engine (started with --kernels registry, on this machine: the agent commits to its "
+                        "registry and builds the gate's reference from its model directory); default: an in-process engine")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     p.add_argument("--model", default=None, metavar="DIR", help="model directory (default: the embedded model)")
     p.add_argument("--proposer", choices=("search", "llm", "both"), default="search")
@@ -63,20 +70,35 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def engine_target(args: argparse.Namespace) -> tuple[RemoteEngine | None, str, str | None, str | None]:
+    """(remote engine or None, device, registry path, model dir) from --engine/--device/--registry/--model."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not args.engine:
+        return None, device, args.registry, args.model
+    remote = RemoteEngine(args.engine)
+    served = remote.health.get("device", "")
+    device = "cpu" if served == device_fingerprint("cpu") else "cuda"
+    if device == "cuda" and (not torch.cuda.is_available() or served != device_fingerprint("cuda")):
+        raise KernelloopError(f"{args.engine} runs on {served!r}; candidates must be judged on the same device here")
+    registry = args.registry or remote.health.get("registry")
+    model = args.model or remote.health.get("model_dir")
+    if not model or not Path(model).is_dir():
+        raise KernelloopError(f"the engine's model directory {model!r} is not on this machine; pass --model DIR "
+                              "(the gate's float32 reference runs here)")
+    return remote, device, registry, model
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.engine:
-        raise KernelloopError("--engine: tuning a remote engine is not supported yet (the end-to-end gate needs "
-                              "full logits); run without --engine to tune an in-process engine")
     if args.op is not None:
         get_op(args.op)
     if args.rounds < 1 or args.candidates < 1:
         raise KernelloopError("--rounds and --candidates must be at least 1")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    remote, device, registry, model = engine_target(args)
     settings = TuneSettings(op=args.op, device=device, proposers=tuple(_proposers_names(args)), rounds=args.rounds,
                             candidates=args.candidates, min_gain=args.min_gain)
     with History(args.history) as history:
-        ctx = LoopContext(history=history, registry=Registry(args.registry), proposers=_proposers(args),
-                          device=device, model=args.model, gate=GateConfig(), progress=_progress)
+        ctx = LoopContext(history=history, registry=Registry(registry), proposers=_proposers(args),
+                          device=device, model=model, remote=remote, gate=GateConfig(), progress=_progress)
         try:
             previous = unfinished_run(ctx, args.op)
             if previous is not None and args.restart:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agent.gate import GateConfig
+from agent.gate import GateConfig, Measurement, measure, prompt_ids
+from agent.remote import RemoteEngine
 from engine.engine import Engine, EngineConfig
+from profiler.inprocess import profile_engine
+from profiler.workload import WorkloadRequest
 from history import History
 from kernels.registry import Registry
 from sandbox import CheckOptions, Sandbox
@@ -19,6 +22,7 @@ class LoopContext:
     proposers: dict[str, Any]            # name -> object with propose(ctx, feedback, n)
     device: str = "cpu"
     model: str | None = None             # model directory; None: the embedded model
+    remote: RemoteEngine | None = None   # tune a serving engine over HTTP instead of an in-process one
     gate: GateConfig = field(default_factory=GateConfig)
     progress: Callable[[str], None] = lambda message: None
     _engine: Engine | None = None
@@ -40,6 +44,24 @@ class LoopContext:
         if self._reference is None:
             self._reference = Engine(EngineConfig(model=self.model, device=self.device, kernels="reference"))
         return self._reference
+
+    # -- the engine being tuned: in-process, or remote -------------------------------------------
+
+    def profile(self, workload: list[WorkloadRequest]) -> dict[str, Any]:
+        if self.remote is not None:
+            return self.remote.profile(workload)
+        return profile_engine(self.engine, workload, concurrency=4)
+
+    def reload(self) -> dict[str, Any]:
+        return self.remote.reload_kernels() if self.remote is not None else self.engine.reload_kernels()
+
+    def measure_engine(self) -> Measurement:
+        if self.remote is not None:
+            return self.remote.measure(prompt_ids(self.reference, self.gate.prompts), self.gate)
+        return measure(self.engine, self.gate)
+
+    def measure_reference(self) -> Measurement:
+        return measure(self.reference, self.gate)
 
     def sandbox(self, options: CheckOptions) -> Sandbox:
         key = (options.timing_shape and tuple(sorted(options.timing_shape.items())), options.timing_dtype,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from agent.gate import measure, summary, judge
+from agent.gate import judge, summary
 from agent.loop.context import LoopContext
 from agent.loop.state import TuneSettings, TuneState
 from agent.loop.target import choose_target, op_shapes
@@ -19,7 +19,6 @@ from agent.proposers.base import Proposal, TuneContext
 from kernels.device import device_fingerprint
 from kernels.ops import get_op
 from kernels.registry.entry import Provenance, sha256_text
-from profiler.inprocess import profile_engine
 from profiler.workload import agent_workload
 from sandbox import CheckOptions
 
@@ -42,7 +41,7 @@ class Nodes:
         ctx = self.ctx
         ctx.progress("profiling the engine")
         workload = agent_workload(self.settings.profile_requests, seed=state["run_id"], max_tokens=(4, 8))
-        profile = profile_engine(ctx.engine, workload, concurrency=4)
+        profile = ctx.profile(workload)
         profile_id = ctx.history.record_profile(profile)
         op = state.get("op")
         if not op:
@@ -117,8 +116,7 @@ class Nodes:
         winner = max(accepted, key=lambda j: (j["verdict"]["speedup_interval"] or [0])[0])
         ctx = self.ctx
         ctx.progress(f"winner: {winner['label']} ({winner['verdict']['reason']}); measuring the engine before")
-        reference = measure(ctx.reference, ctx.gate)
-        return {"winner": winner, "gate_before": summary(reference, measure(ctx.engine, ctx.gate))}
+        return {"winner": winner, "gate_before": summary(ctx.measure_reference(), ctx.measure_engine())}
 
     def commit(self, state: TuneState) -> dict[str, Any]:
         ctx, w = self.ctx, state["winner"]
@@ -139,11 +137,10 @@ class Nodes:
 
     def gate_after(self, state: TuneState) -> dict[str, Any]:
         ctx, op = self.ctx, state["op"]
-        changed = ctx.engine.reload_kernels()
+        changed = ctx.reload()
         ctx.history.record_registry_event("reload", op, entry_id=state["committed"]["entry_id"], ok=True,
                                           detail={"changed": {k: {b: list(v) for b, v in c.items()} for k, c in changed.items()}})
-        reference = measure(ctx.reference, ctx.gate)
-        result = judge(state["gate_before"], summary(reference, measure(ctx.engine, ctx.gate)), ctx.gate)
+        result = judge(state["gate_before"], summary(ctx.measure_reference(), ctx.measure_engine()), ctx.gate)
         ctx.history.record_registry_event("gate", op, entry_id=state["committed"]["entry_id"], ok=result.ok,
                                           detail=result.to_json())
         ctx.progress(f"end-to-end gate: {'passed' if result.ok else 'FAILED'}: {result.reason}")
@@ -153,7 +150,7 @@ class Nodes:
         if entry is not None and entry.id == state["committed"]["entry_id"]:
             ctx.registry.rollback(entry.id)
             ctx.history.record_registry_event("rollback", op, entry_id=entry.id, ok=True, detail={"why": result.reason})
-        ctx.engine.reload_kernels()
+        ctx.reload()
         return {"gate": result.to_json(), "status": "gate-failed", "reason": f"rolled back: {result.reason}"}
 
     def finish(self, state: TuneState) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""A serving engine reached over HTTP, as the tune loop needs it: health, profile, reload, measure."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from agent.gate import GateConfig, Measurement
+from kernels.errors import KernelloopError
+from profiler.http import profile_url
+from profiler.workload import WorkloadRequest
+
+
+class RemoteEngine:
+    def __init__(self, url: str, timeout_s: float = 300.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        try:
+            self.health: dict[str, Any] = httpx.get(f"{self.url}/health", timeout=10).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise KernelloopError(f"cannot reach a kernelloop engine at {self.url}: {exc}") from None
+        if self.health.get("kernels") != "registry":
+            raise KernelloopError(f"{self.url} serves {self.health.get('kernels')} kernels; tuning needs an engine "
+                                  "started with --kernels registry (it would never load a winner)")
+
+    def _post(self, path: str, body: dict | None = None) -> dict[str, Any]:
+        try:
+            response = httpx.post(f"{self.url}{path}", json=body, timeout=self.timeout_s)
+            response.raise_for_status()
+            return response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise KernelloopError(f"{self.url}{path} failed: {exc}") from None
+
+    def profile(self, workload: list[WorkloadRequest]) -> dict[str, Any]:
+        return profile_url(self.url, workload, concurrency=4, seconds=self.timeout_s)
+
+    def reload_kernels(self) -> dict[str, Any]:
+        return self._post("/kernels/reload").get("changed", {})
+
+    def measure(self, prompt_ids: list[list[int]], config: GateConfig) -> Measurement:
+        """The gate's measurement taken by the engine itself (best tokens/s of `config.repeats` runs)."""
+        best: dict[str, Any] = {}
+        for _ in range(max(1, config.repeats)):
+            reply = self._post("/gate/measure", {"prompts": prompt_ids, "max_tokens": config.max_tokens})
+            if not best or reply["tokens_per_second"] > best["tokens_per_second"]:
+                best = reply
+        vocab = best["vocab"]
+        logprobs = [torch.from_numpy(np.frombuffer(base64.b64decode(b), dtype=np.float32).copy())
+                    .reshape(-1, vocab).double() for b in best["logprobs"]]
+        return Measurement(best["greedy"], logprobs, best["tokens_per_second"])

@@ -11,38 +11,27 @@ When a GitHub token and repository are known, the pull request is opened through
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import git
-import httpx
 
+from agent.pr_body import EXPORT_DIR, branch_name, render_body, title_for
+from agent.pr_github import DEFAULT_GITHUB_API, PrError, check_slug, github_slug, one_line, open_pull_request
 from history import History, default_history_path
-from kernels.errors import KernelloopError, RegistryError
+from kernels.errors import RegistryError
 from kernels.registry import Registry
 from kernels.registry.entry import Entry
 from kernels.registry.manifest import MANIFEST_NAME, parse_manifest
 
-EXPORT_DIR = "kernelloop/registry"
-DEFAULT_GITHUB_API = "https://api.github.com"
-GITHUB_TIMEOUT_S = 30.0
 AUTHOR_NAME, AUTHOR_EMAIL = "kernelloop", "kernelloop@localhost"
 NOTHING_NEW = "nothing to propose: every registry entry has been proposed"
-
-
-class PrError(KernelloopError):
-    """A proposal could not be made (or its pull request not opened); the message is one line."""
-
-
-def one_line(text: Any) -> str:
-    return " ".join(str(text).split())
 
 
 # -- what to propose ---------------------------------------------------------------------------
@@ -101,150 +90,6 @@ def latest_timing(hist: History | None, entry: Entry) -> dict[str, Any] | None:
         return None
     timing = cand["verdicts"][-1].get("timing")
     return dict(timing) if isinstance(timing, dict) and timing else None
-
-
-# -- the PR's text -----------------------------------------------------------------------------
-
-
-def branch_name(entries: list[Entry], now: datetime | None = None) -> str:
-    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"kernelloop/{stamp}-{entries[0].id}"
-
-
-def title_for(entries: list[Entry]) -> str:
-    ops = sorted({e.op for e in entries})
-    n = len(entries)
-    return f"kernelloop: {n} kernel{'' if n == 1 else 's'} for {', '.join(ops)}"
-
-
-def _cell(value: Any) -> str:
-    if value is None or value == "":
-        return "—"
-    return one_line(value).replace("|", "\\|")
-
-
-def _seconds(value: Any) -> str:
-    if value is None:
-        return "—"
-    s = float(value)
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
-    if s < 1:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s:.3f} s"
-
-
-def _fraction(value: Any) -> str:
-    return "—" if value is None else f"{100 * float(value):.1f}%"
-
-
-def speedup_text(e: Entry) -> str:
-    return f"{e.speedup:.3f}x [{e.speedup_ci[0]:.3f}, {e.speedup_ci[1]:.3f}]"
-
-
-def render_body(new: list[Entry], snapshot: Snapshot, timings: dict[str, dict[str, Any] | None]) -> str:
-    n_new, n_all = len(new), len(snapshot.entries)
-    where = f" at registry commit `{snapshot.commit}`" if snapshot.commit else ""
-    lines = [
-        f"kernelloop proposes {n_new} verified kernel{'' if n_new == 1 else 's'} new since its last proposal.",
-        "",
-        f"The registry is exported under `{EXPORT_DIR}/`: `{MANIFEST_NAME}` and `kernels/<op>/<sha256>.py`, "
-        f"byte-identical copies of the registry's files{where}, so this diff is exactly the new or changed kernels.",
-    ]
-    if n_all > n_new:
-        old = n_all - n_new
-        lines.append(f"The manifest holds {n_all} entries in all; {old} of them "
-                     f"{'was' if old == 1 else 'were'} proposed before and {'is' if old == 1 else 'are'} not listed here.")
-    lines += [
-        "",
-        "### Benchmarks",
-        "",
-        "Speedup: median over the kernel the engine ran before, with its 95% bootstrap interval. Times are the "
-        "latest sandbox verdict's medians per call; roofline is the fraction of the device's copy bandwidth reached.",
-        "",
-        "| entry | op | device | dtype | bucket | speedup [95% interval] | baseline | candidate | roofline "
-        "| proposer | model | history id | verified at |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for e in new:
-        t = timings.get(e.id) or {}
-        p = e.provenance
-        lines.append("| " + " | ".join([
-            f"`{e.id}`", _cell(e.op), _cell(e.device), _cell(e.dtype), f"`{_cell(e.bucket)}`", speedup_text(e),
-            _seconds(t.get("baseline_s")), _seconds(t.get("candidate_s")), _fraction(t.get("roofline_fraction")),
-            _cell(p.proposer), _cell(p.model), _cell(p.history_id), _cell(e.verified_at),
-        ]) + " |")
-    lines += ["", "### Provenance", ""]
-    for e in new:
-        p, t = e.provenance, timings.get(e.id)
-        measured = ""
-        if t and t.get("shape") is not None:
-            measured = f"; timed at shape `{json.dumps(t['shape'], sort_keys=True)}` {_cell(t.get('dtype'))}"
-        lines.append(
-            f"- `{e.id}`: proposed by {_cell(p.proposer)} (model {_cell(p.model)}, prompt hash {_cell(p.prompt_hash)}), "
-            f"history candidate {_cell(p.history_id)}; source `{EXPORT_DIR}/{e.source_path}` "
-            f"(sha256 `{e.sha256}`); verified {_cell(e.verified_at)}, added {_cell(e.added_at)}{measured}."
-        )
-    lines += [
-        "",
-        "### How to roll back",
-        "",
-        "Withdraw a kernel from the registry (a revert commit there; dispatch then serves what it served before):",
-        "",
-        "```",
-        *[f"agent registry rollback {e.id}" for e in new],
-        "```",
-        "",
-        "Undo this pull request here by reverting it (`git revert <its commit>`, or `git revert -m 1 <merge commit>` "
-        "for a merge commit); the registry itself is changed only by `agent registry rollback`.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-# -- GitHub ------------------------------------------------------------------------------------
-
-_GITHUB_URL = re.compile(r"^(?:https?://(?:[^@/]+@)?github\.com/|ssh://(?:[^@/]+@)?github\.com(?::\d+)?/|"
-                         r"(?:[^@/]+@)?github\.com:)([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
-
-
-def github_slug(url: str | None) -> str | None:
-    """"owner/name" of a github.com remote URL (https, ssh or scp-like), else None."""
-    m = _GITHUB_URL.match((url or "").strip())
-    return f"{m.group(1)}/{m.group(2)}" if m else None
-
-
-def check_slug(slug: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", slug):
-        raise PrError(f"--github-repo must be OWNER/NAME, not {slug!r}")
-    return slug
-
-
-def open_pull_request(api: str, slug: str, token: str, *, title: str, head: str, base: str, body: str) -> str:
-    """POST /repos/{slug}/pulls; the new pull request's html_url. Errors: PrError, one line."""
-    url = f"{api.rstrip('/')}/repos/{slug}/pulls"
-    headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
-               "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "kernelloop"}
-    try:
-        r = httpx.post(url, json={"title": title, "head": head, "base": base, "body": body},
-                       headers=headers, timeout=GITHUB_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        raise PrError(f"GitHub API request to {url} failed ({type(exc).__name__}: {one_line(exc)})") from None
-    try:
-        data = r.json()
-    except ValueError:
-        data = None
-    if not 200 <= r.status_code < 300:
-        detail = ""
-        if isinstance(data, dict):
-            detail = str(data.get("message") or "")
-            errors = [e.get("message") or e.get("code") for e in data.get("errors") or [] if isinstance(e, dict)]
-            if any(errors):
-                detail += " (" + "; ".join(str(e) for e in errors if e) + ")"
-        raise PrError(one_line(f"GitHub API answered {r.status_code} {r.reason_phrase}: {detail or r.text[:200]}"))
-    if not isinstance(data, dict) or not data.get("html_url"):
-        raise PrError(f"GitHub API answered {r.status_code} without the pull request's html_url")
-    return str(data["html_url"])
 
 
 # -- git ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Checking an implementation of an op against its reference: one shape, one dtype, one seed.
+"""Checking an implementation of an op against its reference: one shape, dtype, seed and input variant.
 
 Used by the tests, `agent ops --check` and the sandbox, so a wrong kernel is caught the same way
 everywhere. Comparison is NaN-aware: a NaN or inf where the reference is finite is a mismatch.
@@ -6,12 +6,12 @@ everywhere. Comparison is NaN-aware: a NaN or inf where the reference is finite 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from kernels.spec import OpSpec, Shape, Tolerance, dtype_name
+from kernels.spec import OpSpec, Shape, Tolerance, Variant, dtype_name
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,12 @@ class CheckResult:
     max_abs_err: float
     tol_fraction: float
     reason: str
+    variant: dict[str, Any] = field(default_factory=dict)  # {}: the default inputs
 
     def __str__(self) -> str:
         status = "ok" if self.ok else f"FAIL: {self.reason}"
-        return f"{self.op} {self.dtype} {self.shape} seed={self.seed}: {status}"
+        variant = f" {self.variant}" if self.variant else ""
+        return f"{self.op} {self.dtype} {self.shape}{variant} seed={self.seed}: {status}"
 
 
 def as_tuple(out: Any) -> tuple:
@@ -102,9 +104,12 @@ def check_impl(
     dtype: torch.dtype,
     seed: int,
     device: str = "cpu",
+    variant: Variant | None = None,
 ) -> CheckResult:
     """Run `impl` and the reference on the same fresh inputs and compare every output."""
-    args = spec.make_inputs(shape, dtype, seed, device)
+    # No variant, no fifth argument: a spec written before variants takes four.
+    extra = (variant,) if variant else ()
+    args = spec.make_inputs(shape, dtype, seed, device, *extra)
     expected = spec.reference(*args)
     try:
         outputs = impl(*args)
@@ -112,4 +117,5 @@ def check_impl(
         c = _failed(f"raised {type(exc).__name__}: {exc}".splitlines()[0])
     else:
         c = check_outputs(spec, outputs, expected, dtype)
-    return CheckResult(spec.name, dict(shape), dtype_name(dtype), seed, c.ok, c.max_abs_err, c.tol_fraction, c.reason)
+    return CheckResult(spec.name, dict(shape), dtype_name(dtype), seed, c.ok, c.max_abs_err, c.tol_fraction, c.reason,
+                       dict(variant or {}))

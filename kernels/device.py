@@ -15,9 +15,14 @@ CPU_INTERPRETER = "cpu-interpreter"
 
 
 def configure_triton() -> None:
-    """Use the Triton interpreter when there is no CUDA device, unless the user chose already."""
+    """Use the Triton interpreter when there is no CUDA device, unless the user chose already;
+    when interpreting, patch it to compute as compiled Triton does (kernels/interpreter_fidelity.py)."""
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+    if triton_interpreted():
+        from kernels.interpreter_fidelity import patch_interpreter  # GPU semantics on CPU
+
+        patch_interpreter()
 
 
 def triton_interpreted() -> bool:

@@ -5,11 +5,15 @@ the registry buckets shapes with it, the engine dispatches through it and the LL
 with it, so its fields are a contract (see docs/ARCHITECTURE.md).
 
 Shapes are plain dicts of named sizes (``{"tokens": 7, "hidden": 2880}``) so they travel as JSON.
+So do input variants (``{"layout": "strided"}``): how `make_inputs` departs from its default inputs.
+`OpSpec.battery(device)` is the op's whole correctness battery: the `Case`s a candidate must pass.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,6 +22,7 @@ import torch
 from kernels.errors import UnknownDtypeError
 
 Shape = Mapping[str, int]
+Variant = Mapping[str, Any]
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32",
@@ -84,6 +89,9 @@ def size_bucket(n: int) -> str:
     return f">{TOKEN_BUCKETS[-1]}"
 
 
+CUDA_ENGINE_SHAPES = 4  # engine shapes in the CUDA battery, spread over decode to prefill
+
+
 def pick_shapes(shapes: Sequence[Shape], limit: int | None) -> list[Shape]:
     """At most `limit` shapes, evenly spaced over the list (first and last always kept)."""
     n = len(shapes)
@@ -96,12 +104,115 @@ def pick_shapes(shapes: Sequence[Shape], limit: int | None) -> list[Shape]:
 
 
 @dataclass(frozen=True)
+class Case:
+    """One correctness case: a shape and an input variant ({} = the default inputs). JSON-able."""
+
+    shape: dict[str, int]
+    variant: dict[str, Any] = field(default_factory=dict)
+
+
+# --- Input variants: helpers the ops' make_inputs share ------------------------------------------
+# Every variant draw comes from the seeded generator *after* the default draws, so variant None/{}
+# gives today's inputs bit for bit and any input is a function of (shape, dtype, seed, variant).
+
+
+def variant_of(op: str, variant: Variant | None, allowed: Mapping[str, tuple | type]) -> dict[str, Any]:
+    """Validated copy of `variant`: each key allowed; each value one of a tuple, or (`float`) a
+    positive number."""
+    v = dict(variant or {})
+    for key, value in v.items():
+        ok = allowed.get(key)
+        if ok is None:
+            raise ValueError(f"{op}: unknown input variant {key!r}; known: {', '.join(sorted(allowed))}")
+        if isinstance(ok, tuple):
+            good = value in ok and type(value) is type(ok[ok.index(value)])  # True is not 1
+        else:
+            good = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+        if not good:
+            raise ValueError(f"{op}: bad value {value!r} for input variant {key!r}")
+    return v
+
+
+def log_uniform(g: torch.Generator, lo: float, hi: float) -> float:
+    """A float drawn log-uniformly from [lo, hi]."""
+    u = torch.rand((), generator=g, dtype=torch.float64).item()
+    return math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+
+
+def some_rows(g: torch.Generator, rows: int) -> torch.Tensor:
+    """About a third of `rows` (at least one, if any), chosen by the generator."""
+    return torch.randperm(rows, generator=g)[: max(1, rows // 3)] if rows else torch.zeros(0, dtype=torch.long)
+
+
+def split_rows(rows: int) -> tuple[int, int]:
+    """rows = b * t with b the smallest factor > 1 (b = 1 when rows is prime or 1)."""
+    b = next((f for f in range(2, rows) if rows % f == 0), 1)
+    return b, rows // b
+
+
+def lay_out_rows(t: torch.Tensor, dtype: torch.dtype, device: str, layout: str | None, pad: int = 7) -> torch.Tensor:
+    """A [rows, N] tensor in dtype on device, laid out as named: None, contiguous [rows, N]; "3d", a
+    contiguous [b, t, N] view; "strided", the first N columns of a [rows, N + pad] buffer whose other
+    columns are NaN (a row stride > N, as a slice of a fused projection's output). Built on CPU and
+    moved whole, so the layout survives the move."""
+    if layout is None:
+        return t.to(dtype=dtype, device=device)
+    if layout == "3d":
+        return t.to(dtype=dtype, device=device).view(*split_rows(t.shape[0]), t.shape[1])
+    if layout == "strided":
+        buf = torch.full((t.shape[0], t.shape[1] + pad), float("nan"))
+        buf[:, : t.shape[1]] = t
+        return buf.to(dtype=dtype, device=device)[:, : t.shape[1]]
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+# Row-wise ops ([rows, N] inputs): norms and silu_mul.
+ROW_VARIANT_KEYS: Mapping[str, tuple | type] = {"scale": float, "zero_rows": (True,), "layout": ("3d", "strided")}
+NORM_VARIANT_KEYS: Mapping[str, tuple | type] = {**ROW_VARIANT_KEYS, "eps": ("seeded",)}
+SCALE_LIMIT = 3e4  # scaled values are clamped here: finite in float16
+
+
+def vary_rows(xs: list[torch.Tensor], v: Variant, g: torch.Generator, eps: float = 1e-6) -> float:
+    """Apply a row variant in place to float32 [rows, N] inputs (scaled alike row by row, so their
+    sum is too), returning the eps to use. "eps": "seeded": eps log-uniform in [1e-6, 1e-2] and each
+    row's mean square (of the inputs' sum) rescaled to eps * 10^U(-1, 1), so eps changes the output;
+    "scale": every value times it (clamped to +-SCALE_LIMIT); "zero_rows": a third of rows all zero."""
+    if v.get("eps") == "seeded":
+        eps = log_uniform(g, 1e-6, 1e-2)
+        total = sum(xs)
+        ms = total.pow(2).mean(-1, keepdim=True).clamp_min(1e-30)
+        target = eps * 10.0 ** (2 * torch.rand(ms.shape, generator=g) - 1)
+        for x in xs:
+            x.mul_((target / ms).sqrt())
+    if "scale" in v:
+        for x in xs:
+            x.mul_(v["scale"]).clamp_(-SCALE_LIMIT, SCALE_LIMIT)
+    if v.get("zero_rows"):
+        rows = some_rows(g, xs[0].shape[0])
+        for x in xs:
+            x[rows] = 0.0
+    return eps
+
+
+def _unique(cases: list[Case]) -> list[Case]:
+    seen: set[str] = set()
+    out = []
+    for c in cases:
+        key = json.dumps([c.shape, c.variant], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """One op of the library.
 
     reference:    pure-torch implementation, float32 math, the ground truth.
     forward:      the baseline Triton implementation, same signature as `reference`.
-    make_inputs:  (shape, dtype, seed, device) -> tuple of positional args, LLM-scale values.
+    make_inputs:  (shape, dtype, seed, device, variant=None) -> tuple of positional args; variant
+                  None or {} gives the default (LLM-scale) inputs, one of `variants` a departure.
     shape_of:     args -> shape dict (the inverse of make_inputs, for dispatch and profiling).
     dispatch_key: args -> small hashable tuple, cheap (no dict, no device sync): dtype, exact
                   model dims, `size_class` of bucketed sizes. Equal keys must mean equal buckets.
@@ -109,6 +220,10 @@ class OpSpec:
     cost:         (shape, dtype) -> Cost, the bytes/FLOPs model for roofline figures.
     engine_shapes: shapes a Llama-family engine calls this op with (decode and prefill).
     test_shapes:  small shapes, odd and even, cheap enough for the Triton interpreter.
+    held_back:    odd shapes judged but never shown to a proposer (the battery has them).
+    variants:     input variants covering the contract (scalars, magnitudes, zero rows, layouts).
+    variant_shapes: the small shapes every variant is tried on.
+    many_rows:    a shape with many rows and small rows, in the CPU battery (engine shapes on CUDA).
     """
 
     name: str
@@ -116,7 +231,7 @@ class OpSpec:
     summary: str
     reference: Callable[..., Any]
     forward: Callable[..., Any]
-    make_inputs: Callable[[Shape, torch.dtype, int, str], tuple]
+    make_inputs: Callable[..., tuple]
     shape_of: Callable[..., dict[str, int]]
     dispatch_key: Callable[..., tuple]
     cost: Callable[[Shape, torch.dtype], Cost]
@@ -125,6 +240,23 @@ class OpSpec:
     bucketed: frozenset[str]
     tolerances: Mapping[torch.dtype, Tolerance] = field(default_factory=dict)
     num_outputs: int = 1
+    held_back: tuple[dict[str, int], ...] = ()
+    variants: tuple[dict[str, Any], ...] = ()
+    variant_shapes: tuple[dict[str, int], ...] = ()
+    many_rows: dict[str, int] | None = None
+
+    def battery(self, device: str) -> list[Case]:
+        """Every case a candidate must pass on `device` (each dtype, each seed the judge draws):
+        test and held-back shapes (+ many rows on CPU, engine shapes on CUDA) with the default
+        inputs, then every variant on every variant shape."""
+        shapes = list(self.test_shapes) + list(self.held_back)
+        if device.startswith("cuda"):
+            shapes += pick_shapes(self.engine_shapes, CUDA_ENGINE_SHAPES)
+        elif self.many_rows is not None:
+            shapes.append(self.many_rows)
+        cases = [Case(dict(s)) for s in shapes]
+        cases += [Case(dict(s), dict(v)) for v in self.variants for s in self.variant_shapes]
+        return _unique(cases)
 
     @property
     def dtypes(self) -> tuple[torch.dtype, ...]:

@@ -1,16 +1,20 @@
-"""The sandbox: judges one candidate kernel against one op spec (DESIGN.md, issue #4).
+"""The sandbox: judges one candidate kernel against one op spec (DESIGN.md, issue #10).
 
     from sandbox import CheckOptions, judge_files
     verdicts = judge_files("rmsnorm", [Path("cand.py")], CheckOptions(device="cpu"))
 
-Layers: static pre-check (static_check.py) -> isolated process from a fork server (runner.py,
-guards.py, worker.py) -> correctness and anti-cheat battery judged in this process against the
-reference (plan.py, judge.py) -> interleaved A/B timing with a bootstrap interval (ab_timing.py).
+Layers: static pre-check (static_check.py) -> sandboxed processes from a fork server, confined by
+the operating system (forkserver.py, confine.py, guards.py as a second layer) -> a runner calls the
+candidate on inputs the judge sends and records its launches (worker.py, trace.py) -> a replayer
+redoes only those launches, which must give the same bits (replay.py) -> the judge, in its own
+process, compares with the reference and times the replays A/B with a bootstrap interval
+(runner.py, judge.py). docs/ARCHITECTURE.md has the threat model.
 """
 
 from sandbox.options import CheckOptions
-from sandbox.runner import Sandbox, judge_files
+from sandbox.runner import Sandbox, SandboxUnavailable, judge_files
 from sandbox.static_check import static_check
 from sandbox.verdict import FAILURES, Check, Verdict
 
-__all__ = ["CheckOptions", "Sandbox", "judge_files", "static_check", "Verdict", "Check", "FAILURES"]
+__all__ = ["CheckOptions", "Sandbox", "SandboxUnavailable", "judge_files", "static_check", "Verdict", "Check",
+           "FAILURES"]

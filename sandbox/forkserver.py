@@ -1,13 +1,17 @@
-"""A pre-warmed process that forks one fresh child per candidate.
+"""A pre-warmed process that forks the sandboxed processes, and the judge's handle on one.
 
-`serve(FD)` (in `python -c`) imports torch, triton and the op library once (no CUDA or
-OpenMP initialised), then serves jobs over the Unix socket FD: the judge sends a job (JSON) with
-the write end of a fresh pipe attached (SCM_RIGHTS); the server forks, replies with the child's
-pid, waits for it and replies with its exit status. The child runs sandbox.worker.child_main and
-writes its results to the pipe. The server is started with an allowlisted environment, so the
-judge's secrets (API keys, tokens) are never in a candidate's memory or /proc/self/environ.
+`serve(FD)` (in `python -c`) imports torch, triton and the op library once, then answers requests
+over the Unix socket FD, one at a time, each tagged with an id that its reply repeats:
 
-`sandbox.worker.run_fresh` runs the same child in a fresh interpreter (job on stdin, pipe on FD).
+    {"op": "start", "id": n, "job": {...}} + two fds (the child's channel end, its log file)
+        -> {"id": n, "pid": p}        the child runs sandbox.worker.child_main
+    {"op": "wait", "id": n, "pid": p} -> {"id": n, "status": s}   (waitpid; negative: killed by signal)
+
+The server never initialises CUDA: a child that forked from a process with CUDA state cannot use
+the GPU. `torch.cuda.is_available` and friends raise inside the server (and work again in each
+child), so any code path that would touch CUDA before the fork fails loudly, on CPU machines too.
+It is started with an allowlisted environment (the judge's secrets are never in a candidate's
+memory or /proc/self/environ) and dies with the judge (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import socket
 import struct
 import subprocess
 import sys
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +29,16 @@ from sandbox.guards import ENV_KEEP
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _LEN = struct.Struct("!I")
+_CUDA_ENTRY_POINTS = ("is_available", "init", "device_count", "_lazy_init", "current_device", "get_device_name",
+                      "get_device_capability", "synchronize")
 
 
-def clean_env() -> dict[str, str]:
+def clean_env(device: str) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
     env["PYTHONPATH"] = str(PROJECT_ROOT)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # Decided here so that `import kernels` in the server never asks torch whether CUDA exists.
+    env["TRITON_INTERPRET"] = "0" if device == "cuda" else "1"
     return env
 
 
@@ -57,57 +64,54 @@ def _recv_msg(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(_recv_exact(sock, n, fds)), fds
 
 
-class ChildHandle:
-    """One running candidate process: its pid, its result pipe, and how to learn its exit status."""
-
-    def __init__(self, pid: int, conn: Connection, wait: Any) -> None:
-        self.pid, self.conn, self._wait = pid, conn, wait
-
-    def exit_status(self, timeout: float) -> int | None:
-        """waitpid-style: negative = killed by that signal. None if not known within `timeout` seconds."""
-        return self._wait(timeout)
-
-
 class ForkServer:
     """The judge's handle on a fork server process (started lazily, restarted if it died)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str) -> None:
+        self.device = device
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
+        self._next_id = 0
 
     def _ensure(self) -> socket.socket:
         if self._proc is None or self._proc.poll() is not None:
             ours, theirs = socket.socketpair()
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", f"from sandbox.forkserver import serve; serve({theirs.fileno()})"],
-                env=clean_env(), pass_fds=[theirs.fileno()], cwd="/", stdin=subprocess.DEVNULL)
+                env=clean_env(self.device), pass_fds=[theirs.fileno()], cwd="/", stdin=subprocess.DEVNULL)
             theirs.close()
             self._sock = ours
         return self._sock
 
-    def start(self, job: dict[str, Any]) -> ChildHandle:
+    def _request(self, payload: dict[str, Any], fds: list[int] = (), timeout: float | None = None) -> dict | None:
         sock = self._ensure()
-        r, w = os.pipe()
+        self._next_id += 1
+        rid = self._next_id
+        _send_msg(sock, {**payload, "id": rid}, fds)
+        sock.settimeout(timeout)
         try:
-            _send_msg(sock, job, [w])
+            while True:
+                reply, _ = _recv_msg(sock)
+                if reply.get("id") == rid:  # a late reply to an earlier, timed-out request is dropped
+                    return reply
+        except TimeoutError:
+            return None
+        except (EOFError, OSError, ValueError):  # the server died: start a new one next time
+            self.close()
+            return None
         finally:
-            os.close(w)
-        reply, _ = _recv_msg(sock)
+            if self._sock is sock:
+                sock.settimeout(None)
 
-        def wait(timeout: float) -> int | None:
-            sock.settimeout(timeout)
-            try:
-                return _recv_msg(sock)[0]["status"]
-            except TimeoutError:
-                return None
-            except (EOFError, OSError, ValueError, KeyError):  # the server died: start a new one next time
-                self.close()
-                return None
-            finally:
-                if self._sock is sock:
-                    sock.settimeout(None)
+    def start(self, job: dict[str, Any], chan_fd: int, log_fd: int) -> int:
+        reply = self._request({"op": "start", "job": job}, [chan_fd, log_fd], timeout=60.0)
+        if reply is None or not isinstance(reply.get("pid"), int):
+            raise RuntimeError("the sandbox's fork server did not start a process")
+        return reply["pid"]
 
-        return ChildHandle(reply["pid"], Connection(r, writable=False), wait)
+    def wait(self, pid: int, timeout: float) -> int | None:
+        reply = self._request({"op": "wait", "pid": pid}, timeout=timeout)
+        return reply.get("status") if reply else None
 
     def close(self) -> None:
         if self._sock is not None:
@@ -120,12 +124,11 @@ class ForkServer:
         self._proc = self._sock = None
 
 
-def start_fresh(job: dict[str, Any]) -> ChildHandle:
+def start_fresh(job: dict[str, Any], chan_fd: int, log_fd: int) -> tuple[int, Any]:
     """The same child in a fresh interpreter (no fork server): the slow path and the benchmark's reference."""
-    r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", f"from sandbox.worker import run_fresh; run_fresh({w})"], env=clean_env(), pass_fds=[w],
-                            stdin=subprocess.PIPE, cwd="/")
-    os.close(w)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"from sandbox.worker import run_fresh; run_fresh({chan_fd}, {log_fd})"],
+        env=clean_env(job["device"]), pass_fds=[chan_fd, log_fd], stdin=subprocess.PIPE, cwd="/")
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
 
@@ -135,27 +138,55 @@ def start_fresh(job: dict[str, Any]) -> ChildHandle:
         except subprocess.TimeoutExpired:
             return None
 
-    return ChildHandle(proc.pid, Connection(r, writable=False), wait)
+    return proc.pid, wait
 
 
 def _waitstatus(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def _forbid_cuda() -> dict[str, Any]:
+    """Make the CUDA entry points raise in this process; returns the originals for the children."""
+    import torch
+
+    saved = {name: getattr(torch.cuda, name) for name in _CUDA_ENTRY_POINTS if hasattr(torch.cuda, name)}
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("kernelloop: the sandbox's fork server must never initialise CUDA")
+
+    for name in saved:
+        setattr(torch.cuda, name, refuse)
+    return saved
+
+
 def serve(fd: int) -> None:
+    import torch
+
+    from sandbox.confine import harden_current_process
+
+    harden_current_process()  # the server exits when the judge's end of the socket closes
+    saved = _forbid_cuda()
     from sandbox import worker  # the warm-up: torch, triton, the op library
 
     sock = socket.socket(fileno=fd)
     while True:
         try:
-            job, fds = _recv_msg(sock)
-        except (EOFError, OSError):
+            request, fds = _recv_msg(sock)
+        except (EOFError, OSError, ValueError):
             return
+        if request.get("op") == "wait":
+            try:
+                _, status = os.waitpid(int(request["pid"]), 0)
+                _send_msg(sock, {"id": request["id"], "status": _waitstatus(status)})
+            except ChildProcessError:
+                _send_msg(sock, {"id": request["id"], "status": None})
+            continue
         pid = os.fork()
-        if pid == 0:  # the candidate's process
+        if pid == 0:  # the sandboxed process
             sock.close()
-            worker.child_main(Connection(fds[0], readable=False), job)  # never returns
-        os.close(fds[0])
-        _send_msg(sock, {"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        _send_msg(sock, {"status": _waitstatus(status)})
+            for name, fn in saved.items():
+                setattr(torch.cuda, name, fn)
+            worker.child_main(fds[0], fds[1], request["job"])  # never returns
+        for f in fds:
+            os.close(f)
+        _send_msg(sock, {"id": request["id"], "pid": pid})

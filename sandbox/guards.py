@@ -1,21 +1,18 @@
-"""Runtime guards, installed inside the candidate's process before its module is imported.
+"""Python-level guards: the second layer, inside a sandboxed process, after sandbox/confine.py.
 
-They hold without the static pre-check: the tests switch that off and replay every exploit.
-- `isolate`: own session (killable process group), rlimits, no network (a fresh network
-  namespace where the kernel allows one), an allowlisted environment, cwd and HOME in scratch.
+The operating system (confine.py) is what confines a candidate; these make attempts visible and
+named in the verdict, and close what is cheap to close in Python:
+- `isolate`: rlimits, an allowlisted environment, cwd, HOME and TMPDIR in scratch.
 - an audit hook (cannot be removed once added) that blocks writes outside scratch, sockets,
-  processes, ctypes, gc introspection, tracing and rlimit changes, recording each attempt;
+  processes other than the allowed executables, ctypes, gc introspection, tracing and rlimit
+  changes, recording each attempt even when the candidate swallows the exception;
 - `candidate_builtins`: the candidate module's builtins, with `__import__` limited to the
-  allowlist and the escape hatches (open, eval, exec, ...) replaced by recorders;
-- `TorchGuard`: a TorchDispatchMode allowing allocation, view, copy and fill ops only, which can
-  poison every fresh allocation with NaN (or -1) so unwritten outputs cannot pass;
-- `LaunchGuard`: counts Triton launches, and can suppress them.
+  allowlist (`logging` is an inert stand-in) and the escape hatches (open, eval, exec, ...) refused.
 """
 
 from __future__ import annotations
 
 import builtins
-import ctypes
 import os
 import resource
 import sys
@@ -23,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from sandbox.static_check import ALLOWED_IMPORTS, FORBIDDEN_NAMES
 
@@ -31,7 +27,6 @@ VIOLATIONS: list[str] = []  # every blocked attempt, in order; read by the worke
 
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
             "LD_LIBRARY_PATH", "CUDA_HOME", "TRITON_PTXAS_PATH")
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 
 
 class SandboxViolation(PermissionError):
@@ -43,30 +38,9 @@ def _violation(message: str) -> SandboxViolation:
     return SandboxViolation(f"kernelloop sandbox: {message}")
 
 
-def _new_network_namespace() -> str:
-    """An empty network namespace (loopback down, no routes) via an unprivileged user namespace.
-
-    Must run while the process is single-threaded (right after fork). Returns how the network is cut.
-    """
-    uid, gid = os.getuid(), os.getgid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        return "audit-hook (no user namespaces here: " + os.strerror(ctypes.get_errno()) + ")"
-    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
-                       ("/proc/self/gid_map", f"{gid} {gid} 1")):
-        try:
-            Path(path).write_text(text)
-        except OSError:
-            pass
-    return "namespace + audit-hook"
-
-
 def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dict[str, str]:
-    """Cut the process off from the machine; returns a description for the verdict."""
-    os.setsid()
-    facts = {"process_group": "own session"}
-    # CUDA inside a fresh user namespace is untested here: on CUDA the audit hook alone cuts the network.
-    facts["network"] = _new_network_namespace() if device == "cpu" else "audit-hook"
+    """Limits, environment and working directory (after sandbox.confine); returns facts for the verdict."""
+    facts = {}
     limits = {
         resource.RLIMIT_NPROC: _user_tasks() + 64,  # counts threads of every process of the user; root is exempt
         resource.RLIMIT_CPU: cpu_seconds,
@@ -125,7 +99,7 @@ def redirect_output(log_path: Path) -> None:
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
                 "os.symlink", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move"}
-_BLOCKED_EVENTS = {"os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "os.kill",
+_BLOCKED_EVENTS = {"os.system", "os.spawn", "os.fork", "os.forkpty", "os.kill",
                    "os.killpg", "pty.spawn", "resource.setrlimit", "resource.prlimit",
                    "sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
                    "code.__new__", "pickle.find_class", "sys.addaudithook", "os.chdir", "webbrowser.open"}
@@ -155,11 +129,11 @@ def install_audit_hook(scratch: Path, allowed_executables: frozenset[str]) -> No
                     raise _violation(f"{event} on {path} outside the scratch directory")
         elif event.startswith(("socket.", "ctypes.")) or event in _BLOCKED_EVENTS:
             raise _violation(f"{event} is not allowed")
-        elif event == "subprocess.Popen":
+        elif event in ("subprocess.Popen", "os.posix_spawn", "os.exec"):
             executable, argv = args[0], args[1]
-            name = os.path.basename(os.fsdecode(executable or (argv[0] if argv else "")))
-            if name not in allowed_executables:
-                raise _violation(f"starting a process ({name}) is not allowed")
+            path = os.fsdecode(executable or (argv[0] if argv else ""))
+            if path not in allowed_executables and os.path.realpath(path) not in allowed_executables:
+                raise _violation(f"starting a process ({os.path.basename(path)}) is not allowed")
 
     sys.addaudithook(hook)
 
@@ -171,6 +145,8 @@ def candidate_builtins() -> dict[str, Any]:
     def guarded_import(name: str, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
         if level or name.split(".")[0] not in ALLOWED_IMPORTS:
             raise _violation(f"import of {name!r} is not allowed")
+        if name == "logging":
+            return INERT_LOGGING
         return real_import(name, globals, locals, fromlist, level)
 
     def refused(name: str):
@@ -186,59 +162,38 @@ def candidate_builtins() -> dict[str, Any]:
     return table
 
 
-# aten ops a candidate's Python side may run: allocation, views, copies and fills; nothing that computes.
-ALLOWED_ATEN = frozenset({
-    "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
-    "zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full",
-    "fill_", "zero_", "arange", "view", "_unsafe_view", "_reshape_alias", "reshape", "as_strided", "t",
-    "transpose", "permute", "expand", "squeeze", "unsqueeze", "select", "slice", "split", "split_with_sizes",
-    "unbind", "narrow", "view_as", "alias", "detach", "lift_fresh", "clone", "copy_", "_to_copy", "set_",
-    "cat", "stack", "resize_", "_local_scalar_dense", "unfold", "diagonal", "movedim", "chunk",
-    "resolve_conj", "resolve_neg", "is_same_size", "_has_compatible_shallow_copy_type", "contiguous",
-    "record_stream",
-})
-_ALLOCATORS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
+class _InertLogger:
+    """What `logging.getLogger(...)` gives a candidate: every call accepted, nothing written."""
+
+    level = 0
+    handlers: list = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (logging's name)
+        return False
+
+    def getChild(self, suffix: str) -> "_InertLogger":  # noqa: N802
+        return self
 
 
-class TorchGuard(TorchDispatchMode):
-    """Records aten ops outside ALLOWED_ATEN; optionally poisons fresh allocations."""
+def _inert_logging() -> Any:
+    import types
 
-    def __init__(self, poison: bool) -> None:
-        super().__init__()
-        self.poison = poison
-        self.forbidden: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        name = func.overloadpacket.__name__
-        if name not in ALLOWED_ATEN:
-            self.forbidden.append(str(func))
-        out = func(*args, **(kwargs or {}))
-        if self.poison and name in _ALLOCATORS and isinstance(out, torch.Tensor):
-            out.fill_(float("nan") if out.is_floating_point() else -1)
-        return out
+    module = types.ModuleType("logging", "An inert stand-in: candidates may log, nothing is written.")
+    for i, name in enumerate(("NOTSET", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")):
+        setattr(module, name, i * 10)
+    module.WARN, module.FATAL = 30, 50
+    logger = _InertLogger()
+    module.getLogger = lambda name=None: logger
+    module.Logger = module.Handler = module.NullHandler = module.StreamHandler = _InertLogger
+    for name in ("basicConfig", "debug", "info", "warning", "warn", "error", "exception", "critical", "log",
+                 "disable", "captureWarnings"):
+        setattr(module, name, lambda *args, **kwargs: None)
+    return module
 
 
-class LaunchGuard:
-    """Counts Triton launches (compiled and interpreted) and can suppress them."""
-
-    def __init__(self) -> None:
-        self.launches = 0
-        self.suppress = False
-        from triton.runtime import interpreter, jit
-
-        for cls in (jit.JITFunction, interpreter.InterpretedFunction):
-            self._wrap(cls)
-
-    def _wrap(self, cls: type) -> None:
-        original = cls.run
-        guard = self
-
-        def run(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN001
-            if kwargs.get("warmup"):
-                return original(self, *args, **kwargs)
-            guard.launches += 1
-            if guard.suppress:
-                return None
-            return original(self, *args, **kwargs)
-
-        cls.run = run
+INERT_LOGGING = _inert_logging()

@@ -1,7 +1,9 @@
-"""Turning what the candidate's process sent into a verdict, in the judge's own process.
+"""The judge's decisions, in the judge's own process, on data it received and values it computed.
 
-Expected outputs are computed here, from the reference on inputs regenerated from the same seeds,
-so the candidate's process never holds them. The first failure decides the verdict.
+Expected outputs come from the reference on inputs the judge generated itself; the candidate's
+process never held them. What a sandboxed process *says* (facts, its record) can only hurt it: a
+reported violation or forbidden op is a failure, but nothing it reports makes a candidate pass. The
+first failure decides the verdict.
 """
 
 from __future__ import annotations
@@ -12,76 +14,101 @@ from typing import Any
 
 import torch
 
-from kernels.compare import as_tuple, check_outputs
-from kernels.spec import OpSpec, parse_dtype
+from kernels.compare import Comparison, check_outputs
+from kernels.spec import OpSpec
 from sandbox.roofline import ROOFLINE_SLACK
 from sandbox.verdict import Check, Verdict
 
 BOOTSTRAP_RESAMPLES = 2000
 
 
-def _label(trial: dict[str, Any]) -> str:
-    shape = ",".join(f"{k}={v}" for k, v in trial["shape"].items())
-    return f"{trial['dtype']} {shape}"
+def label(shape: dict, dtype: str, variant: dict | None = None) -> str:
+    text = f"{dtype} " + ",".join(f"{k}={v}" for k, v in shape.items())
+    return text + (" " + ",".join(f"{k}={v}" for k, v in variant.items()) if variant else "")
 
 
-def _expected(spec: OpSpec, shape: dict, dtype: str, seed: int) -> Any:
-    return spec.reference(*spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu"))
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a tensor (contiguous), so comparisons are bitwise (NaN == NaN, -0 != +0)."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.detach().contiguous().view(ints[t.element_size()])
 
 
-def _runtime_failure(v: Verdict, facts: dict[str, Any], where: str) -> bool:
-    """Failures any message can carry: blocked escapes, exceptions, memory. True if one was found."""
-    if facts.get("violations"):
-        v.fail("sandbox-violation", f"{where}: {facts['violations'][0]}")
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
+
+
+def runtime_failure(v: Verdict, facts: dict[str, Any], where: str) -> bool:
+    """Failures a sandboxed process reports about itself: blocked escapes, exceptions, memory."""
+    violations = facts.get("violations") if isinstance(facts.get("violations"), list) else []
+    if violations:
+        v.fail("sandbox-violation", f"{where}: {str(violations[0])[:300]}")
     elif facts.get("error"):
-        v.fail("memory" if facts.get("memory") else "raised", f"{where}: forward raised {facts['error']}")
+        v.fail("memory" if facts.get("memory") is True else "raised", f"{where}: forward raised {str(facts['error'])[:300]}")
     return v.failure is not None
 
 
-def _shape_problem(outputs: list[torch.Tensor], expected: tuple) -> str:
-    if len(outputs) != len(expected):
-        return f"returned {len(outputs)} outputs, expected {len(expected)}"
-    for i, (o, e) in enumerate(zip(outputs, expected)):
+def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], record: dict[str, Any],
+               outputs: list[torch.Tensor], inputs_after: list[torch.Tensor], inputs: list[torch.Tensor],
+               expected: Any, device: str) -> Comparison | None:
+    """One checked call of the candidate. Returns the comparison when the outputs were compared."""
+    if runtime_failure(v, facts, where):
+        return None
+    ops = facts.get("torch_ops") if isinstance(facts.get("torch_ops"), list) else []
+    if ops:
+        v.fail("torch-compute", f"{where}: torch computed on the candidate's path ({', '.join(map(str, ops[:3]))})")
+        return None
+    want = expected if isinstance(expected, tuple) else (expected,)
+    if len(outputs) != len(want):
+        types = facts.get("types") if isinstance(facts.get("types"), list) else []
+        v.fail("bad-output", f"{where}: returned {facts.get('count', len(outputs))} outputs "
+               f"({', '.join(map(str, types[:4]))}), expected {len(want)} plain {device} tensors")
+        return None
+    devices = facts.get("devices") if isinstance(facts.get("devices"), list) else []
+    if any(d != torch.device(device).type for d in devices):
+        v.fail("bad-output", f"{where}: outputs must be {device} tensors")
+        return None
+    for i, (o, e) in enumerate(zip(outputs, want)):
         if o.shape != e.shape or o.dtype != e.dtype:
-            return f"output {i} is {tuple(o.shape)} {o.dtype}, expected {tuple(e.shape)} {e.dtype}"
-    return ""
-
-
-def judge_trial(v: Verdict, spec: OpSpec, trial: dict[str, Any], facts: dict[str, Any],
-                outputs: list[torch.Tensor | None], device: str) -> None:
-    where = _label(trial)
-    if _runtime_failure(v, facts, where):
-        return
-    if facts.get("torch_ops"):
-        v.fail("torch-compute", f"{where}: torch computed on the candidate's path ({', '.join(facts['torch_ops'][:3])})")
-        return
-    for key, code in (("bad_output", "bad-output"), ("aliasing", "aliasing"), ("input_mutated", "input-mutated")):
-        if facts.get(key):
-            v.fail(code, f"{where}: {facts[key]}")
-            return
-    if any(o is None for o in outputs) or any(d != torch.device(device).type for d in facts.get("devices", [])):
-        v.fail("bad-output", f"{where}: outputs must be {device} tensors of the op's dtype")
-        return
-    expected = _expected(spec, trial["shape"], trial["dtype"], trial["seed"])
-    shape_problem = _shape_problem(outputs, as_tuple(expected))
-    if shape_problem:
-        v.fail("bad-output", f"{where}: {shape_problem}")
-        return
-    got = tuple(outputs) if spec.num_outputs > 1 else outputs[0]
-    comparison = check_outputs(spec, got, expected, parse_dtype(trial["dtype"]))
-    if trial.get("suppress"):
-        if comparison.ok:
-            v.fail("launch-independent", f"{where}: the output was right with every Triton launch suppressed")
-        v.checks.append(Check(f"launch-dependence {where}", v.failure is None))
-        return
+            v.fail("bad-output", f"{where}: output {i} is {tuple(o.shape)} {o.dtype}, expected {tuple(e.shape)} {e.dtype}")
+            return None
+    refs = record.get("outputs") if isinstance(record.get("outputs"), list) else []
+    n_inputs = len(inputs)
+    for i, ref in enumerate(refs):
+        if isinstance(ref, dict) and isinstance(ref.get("buf"), int) and ref["buf"] < n_inputs:
+            v.fail("aliasing", f"{where}: output {i} shares memory with input {ref['buf']}")
+            return None
+    for j, (before, after) in enumerate(zip(inputs, inputs_after)):
+        if not same_bits(before, after):
+            v.fail("input-mutated", f"{where}: input {j} changed")
+            return None
+    got = tuple(outputs) if len(outputs) > 1 else outputs[0]
+    comparison = check_outputs(spec, got, expected, want[0].dtype)
     if not comparison.ok:
         v.fail("mismatch", f"{where}: {comparison.reason}")
-    elif facts.get("launches", 0) == 0:
+    elif not facts.get("launches"):
         v.fail("no-triton", f"{where}: no Triton kernel was launched")
-    elif facts.get("deterministic") is False:
-        v.fail("nondeterministic", f"{where}: two calls on the same inputs gave different bits")
-    v.checks.append(Check(where, v.failure is None, f"{comparison.tol_fraction:.2f} of tolerance"))
+    elif record.get("problem"):
+        v.fail("untraceable", f"{where}: {str(record['problem'])[:300]}")
+    return comparison
 
+
+def judge_replay(v: Verdict, where: str, candidate: list[torch.Tensor], replays: list[list[torch.Tensor]],
+                 inputs: list[torch.Tensor], replay_inputs: list[torch.Tensor]) -> None:
+    """The replay of the recorded launches must give the candidate's outputs, bit for bit.
+
+    `replays` holds one replay's outputs, or two when the first differed (to tell a nondeterministic
+    kernel, whose replays differ from each other, from an output made outside its launches)."""
+    first = replays[0]
+    if len(first) == len(candidate) and all(same_bits(a, b) for a, b in zip(first, candidate)):
+        for j, (before, after) in enumerate(zip(inputs, replay_inputs)):
+            if not same_bits(before, after):
+                v.fail("input-mutated", f"{where}: the kernels changed input {j}")
+        return
+    if len(replays) > 1 and len(replays[1]) == len(first) and not all(same_bits(a, b) for a, b in zip(first, replays[1])):
+        v.fail("nondeterministic", f"{where}: two runs of the same launches on the same inputs gave different bits")
+    else:
+        v.fail("launch-independent", f"{where}: replaying its Triton launches alone does not give the output it "
+               "returned: part of the result was made outside its kernels")
 
 
 def speedup_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
@@ -91,42 +118,20 @@ def speedup_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, 
     return _median(ratios), medians[int(0.025 * len(medians))], medians[int(0.975 * len(medians)) - 1]
 
 
-def judge_timing(v: Verdict, spec: OpSpec, timing: dict[str, Any], facts: dict[str, Any],
-                 outputs: list[torch.Tensor | None], min_gain: float, bandwidth: float) -> None:
-    if _runtime_failure(v, facts, "timing"):
-        return
-    if facts.get("bad_output"):
-        v.fail("bad-output", f"timing: {facts['bad_output']}")
-        return
-    rounds = facts.get("rounds") or []
-    per_round = spec.num_outputs
-    if len(rounds) != len(timing["seeds"]) or len(outputs) != per_round * len(rounds):
-        v.fail("crash", "timing: the candidate's process sent an incomplete timing record")
-        return
-    for i, seed in enumerate(timing["seeds"]):  # outputs of timed calls are checked too
-        got = outputs[i * per_round:(i + 1) * per_round]
-        got = tuple(got) if per_round > 1 else got[0]
-        if got is None or (isinstance(got, tuple) and any(o is None for o in got)):
-            v.fail("bad-output", "timing: a timed call returned a tensor of the wrong dtype")
-            return
-        comparison = check_outputs(spec, got, _expected(spec, timing["shape"], timing["dtype"], seed),
-                                   parse_dtype(timing["dtype"]))
-        if not comparison.ok:
-            v.fail("mismatch", f"timing round {i + 1}: a timed call's output was wrong: {comparison.reason}")
-            return
+def judge_timing(v: Verdict, spec: OpSpec, shape: dict, dtype: torch.dtype, rounds: list[dict[str, Any]],
+                 min_gain: float, bandwidth: float, mode: str) -> None:
+    """`rounds`: [{"baseline": [s, ...], "candidate": [s, ...]}], seconds per replayed call."""
     base = [_median(r["baseline"]) for r in rounds]
     cand = [_median(r["candidate"]) for r in rounds]
     ratios = [b / max(c, 1e-12) for b, c in zip(base, cand)]
     speedup, lo, hi = speedup_interval(ratios)
     v.speedup, v.speedup_interval = round(speedup, 4), [round(lo, 4), round(hi, 4)]
-    cost = spec.cost(timing["shape"], parse_dtype(timing["dtype"]))
     cand_s = _median(cand)
-    achieved = cost.bytes / max(cand_s, 1e-12)
+    achieved = spec.cost(shape, dtype).bytes / max(cand_s, 1e-12)
     v.timing = {
-        "shape": timing["shape"], "dtype": timing["dtype"], "rounds": len(rounds),
+        "shape": dict(shape), "dtype": str(dtype).removeprefix("torch."), "rounds": len(rounds),
         "calls_per_round": len(rounds[0]["candidate"]), "baseline_s": _median(base), "candidate_s": cand_s,
-        "rounds_detail": [{"baseline_s": b, "candidate_s": c} for b, c in zip(base, cand)],
-        "modes": sorted({r.get("candidate_mode", "") for r in rounds}),
+        "rounds_detail": [{"baseline_s": b, "candidate_s": c} for b, c in zip(base, cand)], "modes": [mode],
         "achieved_bytes_per_s": achieved, "copy_bandwidth_bytes_per_s": bandwidth,
         "roofline_fraction": achieved / bandwidth if bandwidth else None,
     }
@@ -139,3 +144,10 @@ def judge_timing(v: Verdict, spec: OpSpec, timing: dict[str, Any], facts: dict[s
     else:
         v.accepted = True
         v.reason = f"accepted: {shown} over {v.baseline}"
+
+
+def add_check(v: Verdict, where: str, comparison: Comparison | None) -> None:
+    if comparison is not None:
+        v.checks.append(Check(where, v.failure is None, f"{comparison.tol_fraction:.2f} of tolerance"))
+    else:
+        v.checks.append(Check(where, v.failure is None))

@@ -24,6 +24,8 @@ class CheckOptions:
     seed:         master seed for input seeds; None: secret (drawn from os.urandom per batch).
     static_check: False skips the static pre-check (tests use it to prove the runtime guards).
     fork_server:  False starts a fresh interpreter per candidate (slower; the benchmark's reference).
+    unconfined:   True judges without the operating system's confinement (sandbox/confine.py) where it
+                  cannot be set up; every verdict records it. Never the default.
     """
 
     device: str = "cpu"
@@ -40,3 +42,4 @@ class CheckOptions:
     seed: int | None = None
     static_check: bool = True
     fork_server: bool = True
+    unconfined: bool = False

@@ -1,79 +1,68 @@
-"""Running candidates: one isolated process each, from a pre-warmed fork server, and their verdicts.
+"""Judging candidates: the judge's side of the process layout, and the verdicts.
 
-The fork server (sandbox/forkserver.py: torch, triton and the op library preloaded, no CUDA or
-OpenMP initialised, an allowlisted environment) forks a fresh process per candidate, which costs
-milliseconds instead of the seconds a new interpreter needs. The judge (this process) enforces
-the wall-clock limit and the memory limit, kills the candidate's whole session when the verdict
-is reached, and reads only framed data from it (sandbox/wire.py).
+Per candidate, from a pre-warmed fork server (sandbox/forkserver.py), all confined (sandbox/confine.py):
+  runner    loads the candidate and calls its `forward` on inputs the judge sends, one call at a
+            time, returning the outputs and a record of its aten ops and Triton launches;
+  replayer  rebuilds only the candidate's `@triton.jit` kernels from the judge's copy of the source
+            and redoes each record on the same inputs: its output must equal the runner's, bit for
+            bit (else the result was made outside the kernels, or they are nondeterministic);
+and for timing, a runner and a replayer for the baseline (the registry's current choice, else the
+op's baseline kernel), in which no candidate ever ran.
+
+The judge (this process) owns the plan and its seeds, generates every input, computes every
+expected output, holds the clock on CPU (it times the replayer's "go" from outside; on CUDA the
+replayer, which runs no candidate Python there, times with events) and decides the verdict. Every
+timed call is a checked call: fresh inputs, the candidate's output compared with the reference,
+the replay compared with the candidate.
 """
 
 from __future__ import annotations
 
-import os
+import inspect
 import shutil
-import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
+
+import torch
 
 from kernels.device import device_fingerprint
+from kernels.errors import KernelloopError
 from kernels.ops import get_op
 from kernels.registry.entry import sha256_text
 from kernels.registry.store import Registry
+from kernels.spec import OpSpec, parse_dtype
 from sandbox import judge as judging
 from sandbox import wire
-from sandbox.forkserver import ForkServer, start_fresh
+from sandbox.children import Child, MemoryExceeded
+from sandbox.executables import cuda_executables
+from sandbox.forkserver import ForkServer
 from sandbox.options import CheckOptions
 from sandbox.plan import make_plan, master_seed
 from sandbox.roofline import copy_bandwidth
 from sandbox.static_check import static_check
 from sandbox.verdict import Verdict
 
-# Triton compiles kernels and its launcher with these on CUDA; nothing else may be started.
-CUDA_EXECUTABLES = frozenset({"ptxas", "cc", "gcc", "clang", "x86_64-linux-gnu-gcc", "ldconfig", "ldconfig.real",
-                              "cuobjdump", "nvdisasm"})
-LOG_TAIL_CHARS = 2000
-_BASE_RSS = 1 << 30  # the pre-warmed process's own footprint (torch + triton), not charged to the candidate
 Progress = Callable[[str], None]
 
 
-def _session_members(sid: int) -> list[int]:
-    """Pids whose session is `sid` (the candidate called setsid, so its session id is its pid)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid:  # fields after the command: state ppid pgrp session ...
-                pids.append(int(entry))
-    return pids
+class SandboxUnavailable(KernelloopError):
+    """The operating system's confinement cannot be set up here (and --unconfined was not given)."""
 
 
-def _rss_bytes(pids: Iterable[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
+class _Refused(Exception):
+    """A sandboxed process answered with an error instead of the expected message."""
+
+    def __init__(self, failure: str, reason: str) -> None:
+        super().__init__(reason)
+        self.failure = failure
 
 
-def _kill_session(pid: int) -> None:
-    for target in [pid, *_session_members(pid)]:
-        try:
-            os.killpg(target, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            os.kill(target, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _make_inputs(spec: OpSpec, shape: dict, dtype: str, seed: int, variant: dict) -> tuple:
+    if variant and "variant" in inspect.signature(spec.make_inputs).parameters:
+        return spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu", variant)
+    return spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu")
 
 
 class Sandbox:
@@ -84,14 +73,40 @@ class Sandbox:
         self.progress = progress or (lambda message: None)
         self.fingerprint = device_fingerprint(options.device)
         self.seed = master_seed(options)
-        self.server = ForkServer() if options.fork_server else None
+        if not options.unconfined:
+            from sandbox.confine import harden_current_process, probe
+
+            reason = probe()
+            if reason:
+                raise SandboxUnavailable(f"cannot confine candidates on this machine ({reason}); "
+                                         "pass --unconfined to judge without OS confinement")
+            harden_current_process()
+        self.server = ForkServer(options.device) if options.fork_server else None
+        self.executables: tuple[str, ...] = ()
+        if options.device == "cuda":
+            major, minor = torch.cuda.get_device_capability()
+            self.executables = cuda_executables(major * 10 + minor)
         self._bandwidth: float | None = None
+        self._children: list[Child] = []
+        self._phase = "starting"
 
     @property
     def bandwidth(self) -> float:
         if self._bandwidth is None:
             self._bandwidth = copy_bandwidth(self.options.device)
         return self._bandwidth
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- one candidate ------------------------------------------------------------------------
 
     def judge_source(self, op: str, source: str, filename: str) -> Verdict:
         spec = get_op(op)
@@ -105,121 +120,230 @@ class Sandbox:
                 return v
         v.stage = "load"
         plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
-        job = self._job(spec, source, filename, plan, v)
-        scratch = Path(tempfile.mkdtemp(prefix="kernelloop-sandbox-"))
+        work = Path(tempfile.mkdtemp(prefix="kernelloop-sandbox-"))
+        self._deadline, self._phase, self._children = start + self.options.timeout_s, "starting", []
+        self._costs = {"start_s": 0.0, "calls_s": 0.0, "replays_s": 0.0}
         try:
-            self._run(spec, {**job, "scratch": str(scratch)}, plan, v)
-            log = scratch / "candidate.log"
-            if log.exists():
-                v.log_tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+            self._judge(spec, source, filename, plan, v, work)
+        except wire.ChannelTimeout:
+            v.fail("timeout", f"no verdict within {self.options.timeout_s:g} s (during {self._phase})")
+        except MemoryExceeded:
+            v.fail("memory", f"memory limit of {self.options.memory_mb} MiB exceeded (during {self._phase})")
+        except wire.ChannelClosed:
+            died = next((c for c in self._children if c.chan is self._last), None)
+            how = died.death() if died is not None else "it closed its channel"
+            v.fail("crash", f"a sandboxed process died during {self._phase} ({how})")
+        except wire.ProtocolError as exc:
+            v.fail("crash", f"a sandboxed process sent garbage during {self._phase}: {exc}")
+        except _Refused as exc:
+            v.fail(exc.failure, f"during {self._phase}: {exc}")
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            if self._children:
+                v.log_tail = self._children[0].log_tail()
+            for child in self._children:
+                child.close()
+            shutil.rmtree(work, ignore_errors=True)
         if v.failure is None and not self.options.timing:
             v.reason = "correct (timing skipped)"
         v.duration_s = round(time.monotonic() - start, 3)
+        v.costs = {k: round(val, 3) for k, val in self._costs.items()}
         return v
 
-    def _job(self, spec: Any, source: str, filename: str, plan: dict, v: Verdict) -> dict[str, Any]:
-        baseline: dict[str, Any] = {"source": None, "sha256": None, "label": "baseline"}
-        timing = plan["timing"]
+    def _spawn(self, role: str, spec: OpSpec, source: str | None, filename: str, scratch: Path,
+               constants: dict | None = None) -> tuple[Child, dict[str, Any]]:
+        """Start a sandboxed process; returns it and its "load" message (after "ready")."""
+        t0 = time.monotonic()
+        job = {"role": role, "op": spec.name, "device": self.options.device, "source": source, "filename": filename,
+               "constants": constants or {}, "memory_mb": self.options.memory_mb,
+               "cpu_seconds": int(self.options.timeout_s * 2) + 5, "allow_exec": list(self.executables),
+               "confine": not self.options.unconfined}
+        child = Child(self.server, job, scratch, self.options.memory_mb)
+        self._children.append(child)
+        ready = self._expect(child, "ready")
+        load = self._expect(child, "load")
+        self._costs["start_s"] += time.monotonic() - t0
+        return child, {**load, "isolation": ready.get("isolation", {})}
+
+    def _expect(self, child: Child, kind: str, max_bytes: int = 1 << 20) -> dict[str, Any]:
+        header, _ = self._receive(child, max_bytes)
+        if header["type"] == "error":
+            self._expect_error(header)
+        if header["type"] != kind:
+            raise wire.ProtocolError(f"expected a {kind!r} message, got {header['type'][:40]!r}")
+        return header
+
+    def _receive(self, child: Child, max_bytes: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        self._last = child.chan
+        return child.receive(self._deadline, max_bytes)
+
+    def _call(self, child: Child, args: tuple) -> tuple[list, dict, dict, list]:
+        """One `forward` call in a runner: (outputs, facts, record, inputs afterwards)."""
+        t0 = time.monotonic()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        encoded, i = [], 0
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                encoded.append({"tensor": i})
+                i += 1
+            else:
+                encoded.append(a)
+        self._last = child.chan
+        child.send({"type": "call", "args": encoded}, tensors)
+        header, got = self._receive(child, self.options.memory_mb << 20)
+        if header["type"] == "error":
+            self._expect_error(header)
+        if header["type"] != "result" or not isinstance(header.get("facts"), dict) \
+                or not isinstance(header.get("record"), dict) or type(header.get("outputs")) is not int:
+            raise wire.ProtocolError("malformed result")
+        n = header["outputs"]
+        if not 0 <= n <= len(got) or len(got) - n != len(tensors):
+            raise wire.ProtocolError("a result with the wrong number of tensors")
+        self._costs["calls_s"] += time.monotonic() - t0
+        return got[:n], header["facts"], header["record"], got[n:]
+
+    def _expect_error(self, header: dict) -> None:
+        violations = header.get("violations") if isinstance(header.get("violations"), list) else []
+        if violations:
+            raise _Refused("sandbox-violation", str(violations[0])[:300])
+        raise _Refused("crash", f"the sandboxed process failed: {str(header.get('error'))[:300]}")
+
+    def _replay(self, child: Child, record: dict, inputs: list[torch.Tensor]) -> tuple[list, list, float, dict]:
+        """Stage, run and fetch one replay: (outputs, inputs afterwards, seconds, the "done" message)."""
+        start = time.monotonic()
+        self._last = child.chan
+        child.send({"type": "stage", "record": record}, inputs)
+        self._expect(child, "staged")
+        t0 = time.perf_counter()
+        child.send({"type": "go"})
+        done = self._expect(child, "done")
+        wall = time.perf_counter() - t0
+        child.send({"type": "fetch"})
+        header, got = self._receive(child, self.options.memory_mb << 20)
+        if header["type"] != "outputs" or type(header.get("outputs")) is not int:
+            raise wire.ProtocolError("malformed replay outputs")
+        n = header["outputs"]
+        if not 0 <= n <= len(got) or len(got) - n != len(inputs):
+            raise wire.ProtocolError("replay outputs with the wrong number of tensors")
+        self._costs["replays_s"] += time.monotonic() - start
+        elapsed = done.get("elapsed_s")
+        seconds = float(elapsed) if isinstance(elapsed, (int, float)) and self.options.device == "cuda" else wall
+        return got[:n], got[n:], seconds, done
+
+    def _checked_call(self, v: Verdict, spec: OpSpec, runner: Child, replayer: Child, where: str,
+                      args: tuple, expected: Any, again: bool = False) -> float | None:
+        """Call, judge, replay, judge the replay. Returns the replay's seconds, None after a failure.
+        `again`: call forward a second time on the same inputs first; the bits must not change."""
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        outputs, facts, record, after = self._call(runner, args)
+        comparison = judging.judge_call(v, spec, where, facts, record, outputs, after, inputs, expected,
+                                        self.options.device)
+        if again and v.failure is None:
+            second, facts2, _, _ = self._call(runner, args)
+            if not judging.runtime_failure(v, facts2, where) and not (
+                    len(second) == len(outputs) and all(judging.same_bits(a, b) for a, b in zip(second, outputs))):
+                v.fail("nondeterministic", f"{where}: two calls on the same inputs gave different bits")
+        if v.failure is None:
+            replays, seconds = [], 0.0
+            for _ in range(2):
+                got, replay_after, seconds, done = self._replay(replayer, record, inputs)
+                if judging.runtime_failure(v, {"violations": done.get("violations"), "error": None}, where):
+                    break
+                if done.get("error"):
+                    v.fail("untraceable", f"{where}: the replay of its launches failed: {str(done['error'])[:300]}")
+                    break
+                replays.append(got)
+                if all(judging.same_bits(a, b) for a, b in zip(got, outputs)) and len(got) == len(outputs):
+                    break
+            if v.failure is None:
+                judging.judge_replay(v, where, outputs, replays, inputs, replay_after)
+        judging.add_check(v, where, comparison)
+        return seconds if v.failure is None else None
+
+    def _judge(self, spec: OpSpec, source: str, filename: str, plan: dict, v: Verdict, work: Path) -> None:
+        runner, load = self._spawn("run", spec, source, filename, work / "runner")
+        v.isolation = {k: str(val) for k, val in load.get("isolation", {}).items()}
+        if load.get("violations"):
+            v.fail("sandbox-violation", f"while importing: {str(load['violations'][0])[:300]}")
+        elif not load.get("ok"):
+            v.fail("load", f"importing the candidate failed: {str(load.get('error', ''))[:300]}")
+        if v.failure:
+            return
+        replayer, rload = self._spawn("replay", spec, source, filename, work / "replayer", load.get("constants"))
+        if not rload.get("ok"):
+            v.fail("untraceable", f"its kernels could not be rebuilt for the replay: {str(rload.get('error'))[:300]}")
+            return
+        v.stage = "correctness"
+        trials = plan["trials"]
+        for i, trial in enumerate(trials):
+            where = judging.label(trial["shape"], trial["dtype"], trial["variant"])
+            self._phase = f"trial {i + 1}/{len(trials)} ({where})"
+            self.progress(self._phase)
+            args = _make_inputs(spec, trial["shape"], trial["dtype"], trial["seed"], trial["variant"])
+            if self._checked_call(v, spec, runner, replayer, where, args, spec.reference(*args),
+                                  again=trial.get("determinism", False)) is None:
+                return
+        v.correct = True
+        if plan["timing"]:
+            v.stage = "timing"
+            self._time(spec, source, filename, plan["timing"], v, work, runner, replayer)
+        v.stage = "done"
+
+    def _baseline(self, spec: OpSpec, timing: dict, v: Verdict) -> tuple[str | None, str]:
+        """(source or None for the op's own kernel, label): the registry's current choice, else the op's."""
         registry = Registry(self.options.registry)
-        if timing and registry.exists():
+        if registry.exists():
             entry = registry.select(spec.name, self.fingerprint, timing["dtype"], spec.bucket(timing["shape"]))
             if entry is not None:
-                baseline = {"source": registry.source(entry), "sha256": entry.sha256, "label": entry.id}
-        v.baseline = f"registry {baseline['label']}" if baseline["source"] else "the op's baseline kernel"
-        return {
-            "op": spec.name, "device": self.options.device, "source": source, "filename": filename,
-            "baseline": baseline, "trials": plan["trials"], "timing": timing,
-            "memory_mb": self.options.memory_mb, "cpu_seconds": int(self.options.timeout_s * 2) + 5,
-            "allowed_executables": sorted(CUDA_EXECUTABLES) if self.options.device == "cuda" else [],
-        }
+                source = registry.source(entry)
+                if sha256_text(source) == entry.sha256:
+                    v.baseline = f"registry {entry.id}"
+                    return source, entry.id
+        v.baseline = "the op's baseline kernel"
+        return None, "baseline"
 
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-
-    def __enter__(self) -> "Sandbox":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _run(self, spec: Any, job: dict[str, Any], plan: dict, v: Verdict) -> None:
-        child = self.server.start(job) if self.server is not None else start_fresh(job)
-        receiver, status = child.conn, None
-        deadline = time.monotonic() + self.options.timeout_s
-        trials = {t["id"]: t for t in plan["trials"]}
-        phase, done = "starting", False
-        try:
-            while v.failure is None and not done:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    v.fail("timeout", f"no verdict within {self.options.timeout_s:g} s (during {phase})")
-                    break
-                if not receiver.poll(min(remaining, 0.25)):
-                    members = _session_members(child.pid) or [child.pid]
-                    if _rss_bytes(members) > (self.options.memory_mb << 20) + _BASE_RSS:
-                        v.fail("memory", f"memory limit of {self.options.memory_mb} MiB exceeded (during {phase})")
-                    continue
-                try:
-                    header, tensors = wire.receive(receiver)
-                except (EOFError, OSError):
-                    code = status = child.exit_status(timeout=2.0)  # None: it closed the pipe but lives on
-                    how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
-                           else f"exit status {code}" if code is not None else "it closed its channel")
-                    v.fail("crash", f"the candidate's process died during {phase} ({how})")
-                    break
-                except wire.ProtocolError as exc:
-                    v.fail("crash", f"the candidate's process sent garbage during {phase}: {exc}")
-                    break
-                phase, done = self._handle(spec, header, tensors, trials, plan, v, phase)
-        finally:
-            _kill_session(child.pid)
-            if status is None:
-                child.exit_status(timeout=30.0)  # reap it (and keep the fork server's replies in step)
-            receiver.close()
-
-    def _handle(self, spec: Any, header: dict, tensors: list, trials: dict, plan: dict, v: Verdict,
-                phase: str) -> tuple[str, bool]:
-        kind = header.get("type")
-        if kind == "phase":
-            self.progress(str(header.get("text", "")))
-            return str(header.get("text", phase)), False
-        if kind == "isolation":
-            v.isolation = {k: str(val) for k, val in header.items() if k not in ("type", "tensors")}
-        elif kind == "load":
-            if header.get("violations"):
-                v.fail("sandbox-violation", f"while importing: {header['violations'][0]}")
-            elif not header.get("ok"):
-                v.fail("load", f"importing the candidate failed: {header.get('error', '')}")
-            else:
-                v.stage = "correctness"
-        elif kind == "trial":
-            trial = trials.get(header.get("id"))
-            if trial is None:
-                v.fail("crash", "the candidate's process reported an unknown trial")
-            else:
-                judging.judge_trial(v, spec, trial, header, tensors, self.options.device)
-                if v.failure is None and trial["id"] == len(trials) - 1:
-                    v.correct = True
-                    v.stage = "timing" if plan["timing"] else "done"
-        elif kind == "timing":
-            if not v.correct:
-                v.fail("crash", "timing arrived before every trial passed")
-            else:
-                judging.judge_timing(v, spec, plan["timing"], header, tensors, self.options.min_gain, self.bandwidth)
-                v.stage = "done"
-        elif kind == "error":
-            v.fail("sandbox-violation" if header.get("violations") else "crash",
-                   f"during {phase}: {(header.get('violations') or [header.get('error', '')])[0]}")
-        elif kind == "done":
-            if header.get("violations") and v.failure is None:
-                v.fail("sandbox-violation", header["violations"][0])
-            if not v.correct and v.failure is None:
-                v.fail("crash", "the candidate's process finished without running every trial")
-            return phase, True
-        return phase, False
+    def _time(self, spec: OpSpec, source: str, filename: str, timing: dict, v: Verdict, work: Path,
+              runner: Child, replayer: Child) -> None:
+        base_source, base_label = self._baseline(spec, timing, v)
+        self._phase = "starting the baseline"
+        base_runner, load = self._spawn("run", spec, base_source, f"{base_label}.py", work / "base-runner")
+        base_replayer, rload = self._spawn("replay", spec, base_source, base_label, work / "base-replayer",
+                                           load.get("constants"))
+        if base_source is not None and not (load.get("ok") and rload.get("ok") and not load.get("violations")):
+            # A registry entry that no longer loads cannot be the baseline: time against the op's own kernel.
+            problem = str(load.get("violations") or load.get("error") or rload.get("error"))[:200]
+            v.baseline = f"the op's baseline kernel (registry {base_label} did not load: {problem})"
+            base_runner, load = self._spawn("run", spec, None, "baseline.py", work / "base-runner-2")
+            base_replayer, rload = self._spawn("replay", spec, None, "baseline", work / "base-replayer-2")
+        if not (load.get("ok") and rload.get("ok")):
+            raise _Refused("crash", f"the timing baseline ({base_label}) did not load: "
+                           f"{str(load.get('error') or rload.get('error'))[:200]}")
+        sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
+        shape, dtype = timing["shape"], timing["dtype"]
+        rounds = []
+        for r, seeds in enumerate([[0]] + timing["rounds"]):  # round 0 warms both replayers, untimed
+            self._phase = f"timing round {r}/{len(timing['rounds'])}"
+            if r:
+                self.progress(self._phase)
+            order = ["baseline", "candidate"] if r % 2 else ["candidate", "baseline"]
+            samples: dict[str, list[float]] = {"baseline": [], "candidate": []}
+            for seed in seeds:
+                args = _make_inputs(spec, shape, dtype, seed, {})
+                expected = spec.reference(*args)
+                where = f"timing round {r} ({judging.label(shape, dtype)})"
+                for side in order:
+                    target = v if side == "candidate" else Verdict(op=spec.name, device="", file="", sha256="")
+                    seconds = self._checked_call(target, spec, *sides[side], where, args, expected)
+                    if side == "baseline" and target.failure:
+                        raise _Refused("crash", f"the timing baseline ({base_label}) failed: {target.reason}")
+                    if seconds is None:
+                        return
+                    samples[side].append(seconds)
+            if r:
+                rounds.append(samples)
+        v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
+        mode = "replay, cuda events after an L2 flush" if self.options.device == "cuda" else \
+            "replay, judge's wall clock (cpu-interpreter)"
+        judging.judge_timing(v, spec, shape, parse_dtype(dtype), rounds, self.options.min_gain, self.bandwidth, mode)
 
 
 def judge_files(op: str, paths: list[Path], options: CheckOptions, progress: Progress | None = None) -> list[Verdict]:

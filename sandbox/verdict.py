@@ -25,7 +25,8 @@ FAILURES = (
     "nondeterministic",   # two calls on the same inputs differ bitwise
     "torch-compute",      # torch computed on the candidate's path (only allocation/view/copy/fill allowed)
     "no-triton",          # no Triton kernel was launched
-    "launch-independent",  # the output was right with every Triton launch suppressed
+    "untraceable",        # its launches could not be recorded or replayed (memory from nowhere, kernels not at top level)
+    "launch-independent",  # replaying its recorded Triton launches does not give the output it returned
     "not-faster",         # correct, but the speedup's lower bound missed the required gain
     "impossible-speedup",  # correct, but faster than the op's roofline allows: the timing is not real
 )
@@ -59,6 +60,7 @@ class Verdict:
     isolation: dict[str, str] = field(default_factory=dict)
     log_tail: str = ""               # the candidate's own stdout/stderr, last lines: data, never parsed
     duration_s: float = 0.0
+    costs: dict[str, float] = field(default_factory=dict)  # seconds: start (processes), calls, replays
 
     def fail(self, failure: str, reason: str) -> "Verdict":
         assert failure in FAILURES, failure

@@ -1,69 +1,176 @@
-"""The channel between the judge and a candidate's process: length-framed bytes, never pickle.
+"""The channel between the judge and a sandboxed process: framed JSON headers and raw tensor bytes.
 
-The judge reads only JSON headers and raw tensor bytes from the candidate's side, so nothing the
-candidate's process sends can run code in the judge. Tensors travel as their raw bytes plus
-(shape, dtype) from a fixed list; sizes are checked against the header before anything is built.
+Never pickle. A message is a 4-byte big-endian length, a JSON header (an object with a string
+`type`), then, for each entry of the header's `tensors` list, the raw bytes of that tensor's
+storage. A tensor travels with its layout (dtype, shape, stride, storage offset, storage size), so a
+strided view arrives as the same strided view.
+
+The reading side trusts nothing: every header field is type-checked, every size is capped before a
+byte is read, and every read runs against a deadline. A peer that sends garbage or stalls in the
+middle of a message becomes a `ProtocolError` or a `ChannelTimeout`, never a hang or a crash.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+import os
+import select
+import struct
+import time
+from typing import Any, Callable, Sequence
 
 import torch
 
-from kernels.spec import DTYPES_BY_NAME, dtype_name
+MAX_HEADER_BYTES = 8 << 20
+MAX_TENSOR_BYTES = 1 << 31
+MAX_TENSORS = 64
+MAX_DIMS = 8
+_LEN = struct.Struct("!I")
 
-MAX_TENSOR_BYTES = 1 << 30
+# The only dtypes that cross the channel (op inputs and outputs, index tensors).
+WIRE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+WIRE_NAMES: dict[torch.dtype, str] = {v: k for k, v in WIRE_DTYPES.items()}
 
 
 class ProtocolError(Exception):
-    pass
+    """The peer sent something malformed: the message is refused, the peer's verdict is `crash`."""
+
+
+class ChannelTimeout(Exception):
+    """The deadline passed before a whole message arrived."""
+
+
+class ChannelClosed(Exception):
+    """The peer closed its end (it exited or died)."""
 
 
 def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
-    name = dtype_name(t.dtype) if t.dtype in (torch.float32, torch.float16, torch.bfloat16) else str(t.dtype)
-    return {"shape": list(t.shape), "dtype": name, "nbytes": t.numel() * t.element_size()}
+    if t.dtype not in WIRE_NAMES:
+        raise ProtocolError(f"dtype {t.dtype} cannot cross the channel")
+    return {"dtype": WIRE_NAMES[t.dtype], "shape": list(t.shape), "stride": list(t.stride()),
+            "offset": t.storage_offset(), "nbytes": t.untyped_storage().nbytes()}
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+def storage_bytes(t: torch.Tensor) -> bytes:
+    storage = t.untyped_storage()
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    if storage.nbytes() == 0:
+        return b""
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy().tobytes()
 
 
-def send(conn: Any, header: dict[str, Any], tensors: list[torch.Tensor] = ()) -> None:
-    """One message: a JSON header (with `tensors`: their metas), then one frame per tensor."""
-    header = {**header, "tensors": [tensor_meta(t) for t in tensors]}
-    conn.send_bytes(json.dumps(header).encode())
-    for t in tensors:
-        conn.send_bytes(tensor_bytes(t))
+def _int(value: Any, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise ProtocolError(f"{what} must be an integer in [{lo}, {hi}], got {type(value).__name__}")
+    return value
 
 
-def receive(conn: Any) -> tuple[dict[str, Any], list[torch.Tensor | None]]:
-    """The next message; tensors of an unknown dtype come back as None (the judge reports them)."""
-    try:
-        header = json.loads(conn.recv_bytes(1 << 20))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"unreadable message ({exc})") from None
-    if not isinstance(header, dict) or not isinstance(header.get("tensors", []), list):
-        raise ProtocolError("malformed message")
-    tensors: list[torch.Tensor | None] = []
-    for meta in header.get("tensors", []):
-        frame = conn.recv_bytes(MAX_TENSOR_BYTES)
-        tensors.append(_decode(meta, frame))
-    return header, tensors
-
-
-def _decode(meta: Any, frame: bytes) -> torch.Tensor | None:
-    try:
-        shape = [int(d) for d in meta["shape"]]
-        dtype = DTYPES_BY_NAME.get(meta["dtype"])
-    except (KeyError, TypeError, ValueError):
-        raise ProtocolError("malformed tensor header") from None
+def check_meta(meta: Any, max_bytes: int = MAX_TENSOR_BYTES) -> tuple[torch.dtype, list[int], list[int], int, int]:
+    """Validate one tensor description: (dtype, shape, stride, offset, nbytes), or ProtocolError."""
+    if not isinstance(meta, dict):
+        raise ProtocolError("a tensor description must be an object")
+    dtype = WIRE_DTYPES.get(meta.get("dtype")) if isinstance(meta.get("dtype"), str) else None
     if dtype is None:
-        return None
-    if any(d < 0 for d in shape) or math.prod(shape) * dtype.itemsize != len(frame):
-        raise ProtocolError(f"tensor frame of {len(frame)} bytes does not match shape {shape} {meta['dtype']}")
-    if not frame:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(frame), dtype=torch.uint8).view(dtype).reshape(shape)
+        raise ProtocolError(f"unknown tensor dtype {str(meta.get('dtype'))[:40]!r}")
+    shape, stride = meta.get("shape"), meta.get("stride")
+    if not isinstance(shape, list) or not isinstance(stride, list) or len(shape) != len(stride) or len(shape) > MAX_DIMS:
+        raise ProtocolError("tensor shape and stride must be lists of the same length (at most 8)")
+    shape = [_int(d, "a dimension", 0, 1 << 40) for d in shape]
+    stride = [_int(s, "a stride", 0, 1 << 40) for s in stride]
+    offset = _int(meta.get("offset"), "a storage offset", 0, 1 << 40)
+    nbytes = _int(meta.get("nbytes"), "a storage size", 0, max_bytes)
+    if nbytes % dtype.itemsize:
+        raise ProtocolError("storage size is not a whole number of elements")
+    if math.prod(shape) > 0 and offset + sum((d - 1) * s for d, s in zip(shape, stride)) >= nbytes // dtype.itemsize:
+        raise ProtocolError(f"tensor {shape} with strides {stride} reaches past its storage of {nbytes} bytes")
+    return dtype, shape, stride, offset, nbytes
+
+
+def build_tensor(meta: dict, frame: bytes) -> torch.Tensor:
+    dtype, shape, stride, offset, nbytes = check_meta(meta)
+    if len(frame) != nbytes:
+        raise ProtocolError(f"tensor frame of {len(frame)} bytes, announced {nbytes}")
+    raw = torch.frombuffer(bytearray(frame), dtype=torch.uint8) if frame else torch.empty(0, dtype=torch.uint8)
+    return torch.empty(0, dtype=dtype).set_(raw.untyped_storage(), offset, shape, stride)
+
+
+class Channel:
+    """One end of a stream socket (or pipe pair) carrying messages. Not thread-safe."""
+
+    def __init__(self, read_fd: int, write_fd: int | None = None) -> None:
+        self.read_fd = read_fd
+        self.write_fd = read_fd if write_fd is None else write_fd
+
+    def send(self, header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> None:
+        header = {**header, "tensors": [tensor_meta(t) for t in tensors]}
+        data = json.dumps(header, separators=(",", ":")).encode()
+        self._write(_LEN.pack(len(data)) + data)
+        for t in tensors:
+            self._write(storage_bytes(t))
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.write_fd, view[: 1 << 20])
+            except (BrokenPipeError, ConnectionResetError):
+                raise ChannelClosed("the peer closed the channel") from None
+            view = view[n:]
+
+    def receive(self, deadline: float | None = None, max_tensor_bytes: int = MAX_TENSOR_BYTES,
+                on_wait: Callable[[], None] | None = None) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """The next whole message. `deadline` is a time.monotonic() value; `on_wait` runs about every
+        0.25 s while waiting (the judge checks memory there and may raise)."""
+        (n,) = _LEN.unpack(self._read(_LEN.size, deadline, on_wait))
+        if n > MAX_HEADER_BYTES:
+            raise ProtocolError(f"header of {n} bytes is over the {MAX_HEADER_BYTES} byte limit")
+        try:
+            header = json.loads(self._read(n, deadline, on_wait))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"unreadable header ({str(exc)[:80]})") from None
+        if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+            raise ProtocolError("a header must be an object with a string `type`")
+        metas = header.get("tensors", [])
+        if not isinstance(metas, list) or len(metas) > MAX_TENSORS:
+            raise ProtocolError("`tensors` must be a list of at most 64 descriptions")
+        total = 0
+        for meta in metas:  # validate every description before reading any payload
+            total += check_meta(meta, max_tensor_bytes)[4]
+            if total > max_tensor_bytes:
+                raise ProtocolError(f"message announces more than {max_tensor_bytes} bytes of tensors")
+        tensors = [build_tensor(meta, self._read(meta["nbytes"], deadline, on_wait)) for meta in metas]
+        return header, tensors
+
+    def _read(self, n: int, deadline: float | None, on_wait: Callable[[], None] | None) -> bytes:
+        chunks, got = [], 0
+        while got < n:
+            wait = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+            if wait <= 0:
+                raise ChannelTimeout("the deadline passed")
+            ready, _, _ = select.select([self.read_fd], [], [], wait)
+            if not ready:
+                if on_wait is not None:
+                    on_wait()
+                continue
+            try:
+                chunk = os.read(self.read_fd, min(n - got, 1 << 20))
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                raise ChannelClosed("the peer closed the channel")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        for fd in {self.read_fd, self.write_fd}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,10 +1,16 @@
-"""The candidate's process: isolate, load, run the trials the judge planned, send raw results.
+"""The sandboxed processes: a *runner* calls one module's `forward`, a *replayer* redoes records.
 
-Runs in a child of the fork server (or a fresh interpreter). It never decides a verdict: it sends
-outputs and facts (launch counts, forbidden torch ops, aliasing, input changes, blocked attempts,
-timings) over the channel in sandbox/wire.py, and the judge, in another process, compares them with
-the reference. Harness code that the candidate could otherwise reach (clocks, the baseline, input
-generation) is bound before the candidate's module is imported.
+Both start as children of the fork server (or a fresh interpreter), confine themselves before any
+untrusted code exists in them (sandbox/confine.py: namespaces, Landlock, seccomp; then rlimits, an
+allowlisted environment, a scratch cwd/HOME/TMPDIR, an audit hook as a second layer), then serve the
+judge one message at a time over their channel (sandbox/wire.py). Neither decides anything: the
+runner sends back what `forward` returned plus the record of how (sandbox/trace.py); the replayer
+sends back what the record computes (sandbox/replay.py). They never see seeds, expected outputs,
+the plan, clocks the judge reads, or the other side's code.
+
+Runner, per "call": inputs in -> outputs, the inputs as they are afterwards, the record, facts.
+Replayer, per call: "stage" (record + inputs), "go" (replay; on CUDA timed by events here, since no
+candidate Python runs in this process on a GPU), "fetch" (outputs + inputs afterwards).
 """
 
 from __future__ import annotations
@@ -13,33 +19,39 @@ import json
 import linecache
 import os
 import sys
+import tempfile
 import traceback
 import types
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-import kernels.ops  # noqa: F401  (the op specs, imported before any fork)
-from kernels.compare import as_tuple
-from kernels.registry.loader import load_forward
+import kernels.ops  # noqa: F401  (the op specs, imported in the fork server before any fork)
 from kernels.spec import parse_dtype
-from sandbox import ab_timing, guards, wire
+from sandbox import guards, trace, wire
+from sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
 
 
 def _prewarm() -> None:
-    """Pay one-time costs here, in the fork server, not in every child: entering a TorchDispatchMode
-    the first time imports ~800 modules (about 1 s). Allocation only: no OpenMP pool is started."""
-    with guards.TorchGuard(poison=True):
+    """One-time costs paid in the fork server, not in every child: entering a TorchDispatchMode the
+    first time imports ~800 modules (about 1 s). Allocation only: no OpenMP pool is started."""
+    with trace.Recorder():
         torch.empty(1)
 
 
 _prewarm()
 
 
-def load_candidate(source: str, filename: str) -> Callable[..., Any]:
-    """Execute the candidate as a fresh module with guarded builtins; return its forward."""
+def one_line(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:500]
+
+
+def load_module(source: str, filename: str) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """Execute a candidate as a fresh module with guarded builtins: its forward and plain constants."""
+    import triton.language as tl
+
     label = f"<candidate {Path(filename).name}>"
     linecache.cache[label] = (len(source), None, source.splitlines(keepends=True), label)
     module = types.ModuleType("kernelloop_candidate")
@@ -49,157 +61,210 @@ def load_candidate(source: str, filename: str) -> Callable[..., Any]:
     forward = module.__dict__.get("forward")
     if not callable(forward):
         raise TypeError("the module defines no callable forward")
-    return forward
+    constants: dict[str, Any] = {}
+    for name, value in list(module.__dict__.items()):
+        if name.startswith("__") or not isinstance(name, str):
+            continue
+        if isinstance(value, tl.constexpr):
+            value = value.value
+            if value is None or isinstance(value, (bool, int, float)):
+                constants[name] = {"constexpr": value}
+        elif value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) < 256):
+            constants[name] = value
+    return forward, constants
 
 
-def _storage_range(t: torch.Tensor) -> tuple[int, int]:
-    s = t.untyped_storage()
-    return s.data_ptr(), s.data_ptr() + max(s.nbytes(), 1)
+def _setup(job: dict[str, Any]) -> dict[str, str]:
+    """Confine this (single-threaded, just forked) process; returns facts for the verdict."""
+    if job.get("own_session", True):
+        os.setsid()
+    scratch = Path(job["scratch"])
+    facts = {"process_group": "own session" if job.get("own_session", True) else "the launcher's session"}
+    if job.get("confine", True):
+        from sandbox.confine import Policy, confine
+
+        facts.update(confine(Policy(scratch=scratch, allow_exec=tuple(job.get("allow_exec", ())))))
+    else:
+        facts["confinement"] = "none (--unconfined)"
+    facts.update(guards.isolate(scratch, job["memory_mb"], job["cpu_seconds"], job["device"]))
+    tempfile.tempdir = str(scratch)
+    return facts
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """A view of the raw bits, so comparisons are bitwise (NaN == NaN, -0 != +0)."""
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return t.detach().contiguous().view(ints[t.element_size()])
+def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
+    if device == "cpu":
+        return t
+    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    moved = raw.to(device)
+    return torch.empty(0, dtype=t.dtype, device=device).set_(moved.untyped_storage(), t.storage_offset(),
+                                                              t.shape, t.stride())
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+def _decode_args(header: dict[str, Any], tensors: list[torch.Tensor], device: str) -> tuple:
+    args = []
+    for a in header.get("args", []):
+        if isinstance(a, dict) and isinstance(a.get("tensor"), int) and 0 <= a["tensor"] < len(tensors):
+            args.append(_to_device(tensors[a["tensor"]], device))
+        elif a is None or isinstance(a, (bool, int, float)):
+            args.append(a)
+        else:
+            raise wire.ProtocolError("malformed call arguments")
+    return tuple(args)
 
 
 def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-class Runner:
-    """Calls the candidate under the guards and collects the facts the judge needs."""
+def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], device: str) -> tuple[Any, dict, dict]:
+    recorder = trace.Recorder()
+    recorder.begin(args)
+    facts: dict[str, Any] = {}
+    threads, violations = _threads(), len(guards.VIOLATIONS)
+    state["recorder"], state["launches"] = recorder, 0
+    try:
+        with recorder:
+            out = forward(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except BaseException as exc:  # SystemExit / KeyboardInterrupt from a candidate is its failure too
+        facts["error"] = one_line(exc)
+        facts["memory"] = isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) \
+            or "out of memory" in str(exc)
+        out = None
+    finally:
+        state["recorder"] = None
+    record = recorder.finish(out) if out is not None else {}
+    facts["launches"] = state["launches"]
+    facts["torch_ops"] = sorted(set(recorder.forbidden))[:10]
+    facts["violations"] = guards.VIOLATIONS[violations:][:5]
+    if _threads() > threads:
+        facts["violations"].append(f"started {_threads() - threads} thread(s)")
+    return out, facts, record
 
-    def __init__(self, forward: Callable[..., Any], launches: guards.LaunchGuard, device: str) -> None:
-        self.forward, self.launches, self.device = forward, launches, device
 
-    def call(self, args: tuple, poison: bool, suppress: bool = False) -> tuple[Any, dict[str, Any]]:
-        facts: dict[str, Any] = {}
-        self.launches.launches, self.launches.suppress = 0, suppress
-        guard = guards.TorchGuard(poison=poison)
-        threads, violations = _threads(), len(guards.VIOLATIONS)
+def serve_calls(chan: wire.Channel, job: dict[str, Any]) -> None:
+    """The runner: load the module (or the op's trusted baseline), then answer "call" messages."""
+    device, spec = job["device"], kernels.ops.get_op(job["op"])
+    state: dict[str, Any] = {"recorder": None}
+    trace.install_launch_hook(state)
+    # Warm the interpreter and the dispatch path with the op's own kernel before any candidate code.
+    _call(spec.forward, spec.make_inputs(spec.test_shapes[0], parse_dtype("float32"), 0, device), state, device)
+    guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
+    if job.get("source") is None:
+        forward, constants = spec.forward, {}
+    else:
         try:
-            with guard:
-                out = self.forward(*args)
-            if self.device == "cuda":
-                torch.cuda.synchronize()
-        except BaseException as exc:  # SystemExit / KeyboardInterrupt from a candidate is its failure too
-            facts["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
-            facts["memory"] = isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) \
-                or "out of memory" in str(exc)
-            out = None
-        finally:
-            self.launches.suppress = False
-        facts["launches"] = self.launches.launches
-        facts["torch_ops"] = sorted(set(guard.forbidden))[:10]
-        facts["violations"] = guards.VIOLATIONS[violations:][:5]
-        if _threads() > threads:
-            facts["violations"].append(f"started {_threads() - threads} thread(s)")
-        return out, facts
-
-
-def _output_facts(out: Any, args: tuple, snapshot: list[Any]) -> dict[str, Any]:
-    outs = as_tuple(out)
-    facts: dict[str, Any] = {"count": len(outs)}
-    bad = [f"output {i} is {type(o).__name__}, not a plain torch.Tensor"
-           for i, o in enumerate(outs) if type(o) is not torch.Tensor]
-    if bad:
-        facts["bad_output"] = bad[0]
-        return facts
-    inputs = [a for a in args if isinstance(a, torch.Tensor)]
-    for i, o in enumerate(outs):
-        lo, hi = _storage_range(o)
-        for j, a in enumerate(inputs):
-            alo, ahi = _storage_range(a)
-            if lo < ahi and alo < hi:
-                facts["aliasing"] = f"output {i} shares memory with input {j}"
-    for j, (a, before) in enumerate(zip(args, snapshot)):
-        if isinstance(a, torch.Tensor) and not _same_bits(a, before):
-            facts["input_mutated"] = f"input {j} changed"
-            break
-    return facts
-
-
-def run_job(conn: Any, job: dict[str, Any]) -> None:
-    scratch = Path(job["scratch"])
-    facts = guards.isolate(scratch, job["memory_mb"], job["cpu_seconds"], job["device"])
-    guards.redirect_output(scratch / "candidate.log")
-    device = job["device"]
-    torch.set_num_threads(1)
-    spec = kernels.ops.get_op(job["op"])
-    base = job["baseline"]
-    baseline = spec.forward if base["source"] is None else load_forward(base["source"], base["sha256"], base["label"])
-    make = lambda shape, dtype, seed: spec.make_inputs(shape, parse_dtype(dtype), seed, device)  # noqa: E731
-    # Warm torch and the baseline before the guards: thread pools and lazy imports exist from here on.
-    baseline(*make(job["trials"][0]["shape"], job["trials"][0]["dtype"], 0))
-    guards.install_audit_hook(scratch, frozenset(job["allowed_executables"]))
-    launches = guards.LaunchGuard()
-    wire.send(conn, {"type": "isolation", **facts})
-
-    try:
-        forward = load_candidate(job["source"], job["filename"])
-    except BaseException as exc:
-        message = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
-        wire.send(conn, {"type": "load", "ok": False, "error": message, "violations": guards.VIOLATIONS[:5]})
-        return
-    wire.send(conn, {"type": "load", "ok": True, "violations": guards.VIOLATIONS[:5]})
-    runner = Runner(forward, launches, device)
-
-    for trial in job["trials"]:
-        wire.send(conn, {"type": "phase", "text": f"trial {trial['id']}"})
-        args = make(trial["shape"], trial["dtype"], trial["seed"])
-        snapshot = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        out, call_facts = runner.call(args, poison=True, suppress=trial.get("suppress", False))
-        result: dict[str, Any] = {"type": "trial", "id": trial["id"], **call_facts}
-        tensors: list[torch.Tensor] = []
+            forward, constants = load_module(job["source"], job["filename"])
+        except BaseException as exc:
+            chan.send({"type": "load", "ok": False, "error": one_line(exc), "violations": guards.VIOLATIONS[:5]})
+            return
+    chan.send({"type": "load", "ok": True, "constants": constants, "violations": guards.VIOLATIONS[:5]})
+    while True:
+        header, tensors = chan.receive()
+        if header["type"] != "call":
+            return
+        args = _decode_args(header, tensors, device)
+        out, facts, record = _call(forward, args, state, device)
+        outs = out if isinstance(out, tuple) else (out,)
+        sent: list[torch.Tensor] = []
         if out is not None:
-            result.update(_output_facts(out, args, snapshot))
-            if "bad_output" not in result and "aliasing" not in result:
-                tensors = [o for o in as_tuple(out)]
-                if trial.get("determinism") and "error" not in result:
-                    again, _ = runner.call(args, poison=True)
-                    same = again is not None and len(as_tuple(again)) == len(tensors) and all(
-                        type(b) is torch.Tensor and _same_bits(a, b) for a, b in zip(tensors, as_tuple(again)))
-                    result["deterministic"] = same
-        result["devices"] = [str(t.device.type) for t in tensors]
-        wire.send(conn, result, tensors)
-
-    timing = job.get("timing")
-    if timing:
-        def on_round(i: int) -> None:
-            wire.send(conn, {"type": "phase", "text": f"timing round {i + 1}/{len(timing['seeds'])}"})
-
-        rounds, outs = ab_timing.run_rounds(
-            baseline, forward, lambda seed: make(timing["shape"], timing["dtype"], seed),
-            timing["seeds"], device, timing["calls"], on_round)
-        tensors = [o for out in outs for o in as_tuple(out)]
-        if all(type(t) is torch.Tensor for t in tensors):
-            wire.send(conn, {"type": "timing", "rounds": rounds, "violations": guards.VIOLATIONS[:5]}, tensors)
-        else:
-            wire.send(conn, {"type": "timing", "rounds": rounds, "bad_output": "a timed call returned a non-tensor"})
-    wire.send(conn, {"type": "done", "violations": guards.VIOLATIONS[:5]})
+            facts["count"] = len(outs)
+            facts["types"] = [type(o).__name__ for o in outs]
+            if all(type(o) is torch.Tensor and o.dtype in wire.WIRE_NAMES for o in outs):
+                sent = list(outs)
+                facts["devices"] = [o.device.type for o in outs]
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        chan.send({"type": "result", "facts": facts, "record": record, "outputs": len(sent)}, sent + inputs)
 
 
-def child_main(conn: Any, job: dict[str, Any]) -> None:
-    """Entry point of the candidate's process (a multiprocessing target)."""
+class _CudaTimer:
+    """Event time of one replay, after an L2 flush outside the timed region."""
+
+    def __init__(self) -> None:
+        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def time(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.flush.zero_()
+        torch.cuda.synchronize()
+        start.record()
+        out = fn()
+        end.record()
+        torch.cuda.synchronize()
+        return out, start.elapsed_time(end) / 1e3
+
+
+def serve_replays(chan: wire.Channel, job: dict[str, Any]) -> None:
+    """The replayer: rebuild the kernels (from the judge's copy of the source), then stage/go/fetch."""
+    device = job["device"]
+    guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     try:
-        run_job(conn, job)
+        table = (kernels_from_module(f"kernels.ops.{job['op']}") if job.get("source") is None
+                 else kernels_from_source(job["source"], job.get("constants", {})))
+    except ReplayError as exc:
+        chan.send({"type": "load", "ok": False, "error": str(exc)})
+        return
+    chan.send({"type": "load", "ok": True})
+    replay, timer = Replay(table, device), (_CudaTimer() if device == "cuda" else None)
+    record, inputs, outputs = None, [], []
+    while True:
+        header, tensors = chan.receive()
+        kind = header["type"]
+        if kind == "stage":
+            record, inputs, outputs = header.get("record"), [_to_device(t, device) for t in tensors], []
+            chan.send({"type": "staged"})
+        elif kind == "go":
+            violations = len(guards.VIOLATIONS)
+            try:
+                if timer is None:
+                    outputs, elapsed = replay.run(record, inputs), None
+                else:
+                    outputs, elapsed = timer.time(lambda: replay.run(record, inputs))
+                chan.send({"type": "done", "elapsed_s": elapsed, "violations": guards.VIOLATIONS[violations:][:5]})
+            except BaseException as exc:  # noqa: BLE001 (a kernel that raises is the candidate's failure)
+                outputs = []
+                chan.send({"type": "done", "error": one_line(exc), "violations": guards.VIOLATIONS[violations:][:5]})
+        elif kind == "fetch":
+            chan.send({"type": "outputs", "outputs": len(outputs)}, list(outputs) + list(inputs))
+        else:
+            return
+
+
+def child_main(chan_fd: int, log_fd: int, job: dict[str, Any]) -> None:
+    """Entry point of a sandboxed process; never returns."""
+    chan = wire.Channel(chan_fd)
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        facts = _setup(job)
+        chan.send({"type": "ready", "isolation": facts})
+        (serve_calls if job["role"] == "run" else serve_replays)(chan, job)
     except BaseException as exc:  # harness-side failure (e.g. the candidate broke torch): report, then die
         try:
-            message = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
-            wire.send(conn, {"type": "error", "error": message, "violations": guards.VIOLATIONS[:5]})
+            chan.send({"type": "error", "error": one_line(exc), "violations": guards.VIOLATIONS[:5]})
         except BaseException:
             pass
     finally:
-        conn.close()
-        sys.stdout.flush()
-        os._exit(0)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(0)
 
 
-def run_fresh(fd: int) -> None:
-    """Fresh-interpreter mode: the job on stdin, the result pipe on `fd`."""
-    child_main(Connection(fd, readable=False), json.loads(sys.stdin.read()))
+def run_fresh(chan_fd: int, log_fd: int) -> None:
+    """Fresh-interpreter mode (no fork server): the job arrives on stdin. Confinement needs a
+    single-threaded process and torch has started threads by now, so this process leads a new
+    session and forks the sandboxed process into it, then waits (its death kills the child)."""
+    job = json.loads(sys.stdin.read())
+    os.setsid()
+    pid = os.fork()
+    if pid == 0:
+        child_main(chan_fd, log_fd, {**job, "own_session": False})
+    os.close(chan_fd)
+    os.close(log_fd)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+

@@ -3,16 +3,19 @@
 Each candidate file says what the sandbox must answer, on a line like
 
     # expect: static=<code> runtime=<code>      (codes may list alternatives: a|b)
-    # expect: control                           (must be judged correct)
+    # expect: control                           (must be judged correct, in every dtype)
+    # expect: registry-payload                  (not a candidate: planted in a registry as the baseline)
 
 `static=` is the verdict's failure with the static pre-check on; `runtime=` the failure with it
 switched off, which proves the runtime guards hold by themselves. `# op: <name>` picks the op
 (default rmsnorm); `# timing: on` judges the file with A/B timing (the clock-patching exploits).
 
-All candidates of one (op, timing, static) group are judged in one `judge_files` batch (one
-pre-warmed fork server), once per module; each file is then its own test id. Afterwards the machine
-must be as it was: no canary files, HOME unchanged, the project tree's `git status` unchanged and no
-`sleep 600` left running.
+All candidates of one (timing, control, static) group are judged by one Sandbox (one pre-warmed
+fork server), once per module; each file is then its own test id. Exploits are judged in float32
+only (their tricks do not depend on the dtype; the battery's variants all land in that one dtype
+then), controls in every dtype with the static check on and in float32 with it off. The judge's environment holds a secret the exploits
+hunt for. Afterwards the machine must be as it was: no canary files, HOME unchanged, the project
+tree's `git status` unchanged, no `sleep 600` left running, and the secret in no verdict.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,10 +34,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = Path(__file__).resolve().parent / "sandbox_candidates"
 CANARY_FALLBACK = Path("/tmp/kernelloop-canary")
-CANARY_NAMES = ("kernelloop-canary-escape-write.txt", "kernelloop-canary-swallowed.txt")
+CANARY_GLOB = "kernelloop-canary*"  # every marker an exploit may leave is named like this
 TIMEOUT_S = 20.0
+CONTROL_TIMEOUT_S = 300.0
 MEMORY_MB = 3072
 SEED = 1234
+SECRET = "kernelloop-secret-7f3a"
+pytestmark = pytest.mark.timeout(3600)  # the module fixture judges every candidate twice
 
 _EXPECT = re.compile(r"^# expect:\s*(.+?)\s*$", re.M)
 _OP = re.compile(r"^# op:\s*(\w+)\s*$", re.M)
@@ -47,8 +54,8 @@ def _parse(path: Path) -> dict:
         raise ValueError(f"{path.name}: no `# expect:` line")
     spec = m.group(1)
     entry = {"path": path, "name": path.stem, "op": (_OP.search(text) or [None, "rmsnorm"])[1],
-             "timing": bool(_TIMING.search(text)), "control": spec == "control"}
-    if not entry["control"]:
+             "timing": bool(_TIMING.search(text)), "control": spec == "control", "payload": spec == "registry-payload"}
+    if not entry["control"] and not entry["payload"]:
         parts = dict(p.split("=", 1) for p in spec.split())
         if set(parts) != {"static", "runtime"}:
             raise ValueError(f"{path.name}: malformed expectation {spec!r}")
@@ -57,7 +64,9 @@ def _parse(path: Path) -> dict:
     return entry
 
 
-CASES = [_parse(p) for p in sorted(CANDIDATES.glob("*.py"))]
+ALL = [_parse(p) for p in sorted(CANDIDATES.glob("*.py"))]
+CASES = [c for c in ALL if not c["payload"]]
+PAYLOADS = [c for c in ALL if c["payload"]]
 CASE_BY_NAME = {c["name"]: c for c in CASES}
 NAMES = [c["name"] for c in CASES]
 
@@ -86,7 +95,9 @@ def _sleep_600_pids() -> set[int]:
 
 
 def _canary_paths(canary_dir: Path) -> list[Path]:
-    return [d / n for d in (canary_dir, CANARY_FALLBACK, Path("/tmp")) for n in CANARY_NAMES]
+    """Markers left by exploits: anything but the fallback directory itself, named kernelloop-canary*."""
+    dirs = (canary_dir, CANARY_FALLBACK, Path("/tmp"), Path.home())
+    return sorted({p for d in dirs if d.is_dir() for p in d.glob(CANARY_GLOB) if p != CANARY_FALLBACK})
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +108,15 @@ def machine(tmp_path_factory):
     canary_dir = tmp_path_factory.mktemp("canary")
     cache = tmp_path_factory.mktemp("kernelloop-cache")  # the harness's own caches (bandwidth), not HOME
     for stale in _canary_paths(canary_dir):  # our own markers from an earlier, failed run
-        if stale.exists():
-            stale.unlink()
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(home))
         mp.setenv("KERNELLOOP_TEST_CANARY_DIR", str(canary_dir))
         mp.setenv("KERNELLOOP_CACHE", str(cache))
+        mp.setenv("KERNELLOOP_TEST_SECRET", SECRET)
         before = {"git": _git_status(), "home": _listing(home), "sleep": _sleep_600_pids(),
                   "fallback_dir": CANARY_FALLBACK.exists()}
         state = {"home": home, "canary_dir": canary_dir, "before": before, "tmp": tmp_path_factory}
@@ -117,22 +131,27 @@ def machine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def judged(machine):
-    """{(name, "static" | "runtime"): Verdict}: every group judged in one batch per static mode."""
-    from sandbox import CheckOptions, judge_files
+    """{(name, "static" | "runtime"): Verdict}: one sandbox (one fork server) per group, every op in it.
+
+    Controls are judged in every dtype with the static check on, and in float32 with it off (the
+    runtime layers must not refuse honest code either); exploits in float32 both ways."""
+    from sandbox import CheckOptions, Sandbox
 
     registry = machine["tmp"].mktemp("registry")
-    groups: dict[tuple[str, bool], list[dict]] = {}
+    groups: dict[tuple[bool, bool], list[dict]] = {}
     for case in CASES:
-        groups.setdefault((case["op"], case["timing"]), []).append(case)
+        groups.setdefault((case["timing"], case["control"]), []).append(case)
     results = {}
-    for (op, timing), cases in sorted(groups.items()):
+    for (timing, control), cases in sorted(groups.items()):
         for mode, static in (("static", True), ("runtime", False)):
+            every_dtype = control and static
             opts = CheckOptions(device="cpu", registry=registry, timing=timing, static_check=static,
-                                timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB, seed=SEED)
-            verdicts = judge_files(op, [c["path"] for c in cases], opts)
-            assert len(verdicts) == len(cases)
-            for case, verdict in zip(cases, verdicts):
-                results[(case["name"], mode)] = verdict
+                                timeout_s=CONTROL_TIMEOUT_S if control else TIMEOUT_S, memory_mb=MEMORY_MB,
+                                seed=SEED, dtypes=() if every_dtype else ("float32",))
+            with Sandbox(opts) as sandbox:
+                for case in cases:
+                    source = case["path"].read_text()
+                    results[(case["name"], mode)] = sandbox.judge_source(case["op"], source, str(case["path"]))
     return results
 
 
@@ -160,6 +179,8 @@ def test_expectations_are_well_formed():
 
     assert len(CASES) >= 27
     assert sum(c["control"] for c in CASES) >= 4
+    for n in range(1, 9):  # at least one exploit per class of issue #10 (c<N>_*.py)
+        assert any(c["name"].startswith(f"c{n}_") for c in ALL), f"no exploit of class {n}"
     for case in CASES:
         for mode in ("static", "runtime"):
             for code in case.get(mode, ()):
@@ -176,10 +197,39 @@ def test_static_off_runtime_guards_hold(judged, name):
     _check(CASE_BY_NAME[name], judged[(name, "runtime")], "runtime")
 
 
+def test_no_secret_in_any_verdict(judged):
+    leaked = [name for (name, _), v in judged.items() if SECRET in json.dumps(v.to_json(), default=str)]
+    assert not leaked, f"the judge's secret reached a verdict: {leaked}"
+
+
+@pytest.mark.parametrize("payload", [c["name"] for c in PAYLOADS])
+def test_registry_baseline_is_confined_too(machine, payload):
+    """An entry planted in the registry is the timing baseline of an honest candidate: it runs under the
+    same confinement (its escapes fail), and the candidate still gets a verdict."""
+    from kernels.registry.entry import Provenance
+    from kernels.registry.store import Registry
+    from sandbox import CheckOptions, judge_files
+
+    case = next(c for c in PAYLOADS if c["name"] == payload)
+    registry = Registry(machine["tmp"].mktemp("planted") / "registry")
+    shape = {"tokens": 4, "hidden": 96}
+    spec_bucket = "hidden=96,tokens=2-16"
+    registry.add("rmsnorm", case["path"].read_text(), device="cpu-interpreter", dtype="float32", bucket=spec_bucket,
+                 speedup=9.0, speedup_ci=(8.0, 10.0), provenance=Provenance("search"))
+    opts = CheckOptions(device="cpu", registry=registry.path, timing=True, timing_shape=shape, timing_dtype="float32",
+                        dtypes=("float32",), rounds=3, timeout_s=CONTROL_TIMEOUT_S, seed=SEED)
+    (v,) = judge_files("rmsnorm", [CANDIDATES / "control_rmsnorm_row.py"], opts)
+    assert v.correct, _describe(v)
+    assert v.failure in (None, "not-faster"), _describe(v)
+    assert SECRET not in json.dumps(v.to_json(), default=str)
+    leaked = [str(p) for p in _canary_paths(machine["canary_dir"])]
+    assert not leaked and not (_sleep_600_pids() - machine["before"]["sleep"])
+
+
 def test_machine_unchanged(judged, machine):
     """After every exploit ran (twice): no canary, HOME as it was, the tree as it was, no orphan."""
     before = machine["before"]
-    leaked = [str(p) for p in _canary_paths(machine["canary_dir"]) if p.exists()]
+    leaked = [str(p) for p in _canary_paths(machine["canary_dir"])]
     assert not leaked, f"a candidate wrote outside its scratch directory: {leaked}"
     if not before["fallback_dir"]:
         assert not CANARY_FALLBACK.exists(), f"a candidate created {CANARY_FALLBACK}"

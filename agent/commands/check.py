@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
     p.add_argument("--no-history", action="store_true", help="do not record the attempts")
     p.add_argument("--fresh-interpreter", action="store_true", help="no fork server: a new interpreter per candidate")
+    p.add_argument("--unconfined", action="store_true",
+                   help="judge without OS confinement where it cannot be set up (recorded in every verdict)")
     p.set_defaults(run=run)
 
 
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     options = CheckOptions(
         device=device, registry=args.registry, dtypes=tuple(args.dtypes.split(",")) if args.dtypes else (),
         shapes=shapes, timing=not args.no_timing, min_gain=args.min_gain, timeout_s=args.timeout,
-        memory_mb=args.memory_mb, seed=args.seed, fork_server=not args.fresh_interpreter)
+        memory_mb=args.memory_mb, seed=args.seed, fork_server=not args.fresh_interpreter,
+        unconfined=args.unconfined)
     verdicts = []
     history = None if args.no_history else History(args.history)
     with Sandbox(options, progress=None) as sandbox:

@@ -277,7 +277,9 @@ HINTS = {
     "nondeterministic": "Avoid atomics or any order-dependent accumulation; two calls must give identical bits.",
     "torch-compute": "Only allocation and views may use torch; compute everything in Triton kernels.",
     "no-triton": "forward must launch a Triton kernel.",
-    "launch-independent": "The result must come from your Triton kernel, not from anything precomputed.",
+    "untraceable": "Define every @triton.jit kernel at the module's top level, pass only inputs and tensors "
+                   "allocated inside forward to kernels, and keep module constants plain numbers.",
+    "launch-independent": "The result must come from your Triton kernels alone: replaying them must give the same bits.",
     "not-faster": "Correct, but not faster: change the strategy (grid size, block shape, fewer passes over memory).",
     "impossible-speedup": "The timing looked faster than the hardware allows; do not cache or skip work.",
 }

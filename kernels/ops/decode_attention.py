@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.models import DECODE_CONTEXTS, DECODE_TOKENS, MODELS
-from kernels.spec import Cost, OpSpec, Shape, Tolerance, size_class
+from kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class, some_rows, variant_of
 
 BLOCK_N = 32  # tokens per tile of the online softmax
 MAX_SPLITS = 16  # kv splits per request (flash-decoding)
@@ -176,9 +176,28 @@ def request_lengths(batch: int, kv_len: int, g: torch.Generator) -> list[int]:
     return rest[:pos].tolist() + [1] + rest[pos:].tolist()
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tuple:
+def empty_some(lengths: list[int], g: torch.Generator) -> list[int]:
+    """A third of the requests emptied (at least one, never all), their tokens given to another."""
+    if len(lengths) < 2:
+        return lengths
+    out = list(lengths)
+    empty = some_rows(g, len(out)).tolist()
+    keep = next(b for b in range(len(out)) if b not in empty)
+    for b in empty:
+        out[keep] += out[b]
+        out[b] = 0
+    return out
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
     """Ragged requests scattered over a larger pool in shuffled slot order; k has outlier channels
-    (as post-RoPE keys do), so softmax is peaked rather than uniform."""
+    (as post-RoPE keys do), so softmax is peaked rather than uniform. Variants: "sm_scale": "seeded"
+    (log-uniform in [0.01, 1]); "scale" (q and k times it; 1e-3: near-uniform softmax); "logits":
+    "large" (q, k rounded to integers of std ~10: logits in the hundreds overflow an exp taken
+    without the running max; integer dot products are exact in any order, so fp32 stays comparable);
+    "lengths": "empty" (`empty_some`); "zero_rows" (a third of the q heads all zero: uniform softmax)."""
+    v = variant_of("decode_attention", variant, {"sm_scale": ("seeded",), "scale": float, "logits": ("large",),
+                                                 "lengths": ("empty",), "zero_rows": (True,)})
     g = torch.Generator(device="cpu").manual_seed(seed)
     B, Hq, Hk, D, kv_len = (shape[k] for k in ("batch", "q_heads", "kv_heads", "head_dim", "kv_len"))
     lengths = request_lengths(B, kv_len, g)
@@ -191,9 +210,20 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tup
     q[..., outliers] *= 2.0
     k = torch.randn(num_slots, Hk, D, generator=g)
     k[..., outliers] *= 6.0
-    v = torch.randn(num_slots, Hk, D, generator=g)
+    v_buf = torch.randn(num_slots, Hk, D, generator=g)
+    sm_scale = 1.0 / math.sqrt(D)
+    if v.get("sm_scale") == "seeded":
+        sm_scale = log_uniform(g, 0.01, 1.0)
+    if "scale" in v:
+        q, k = q * v["scale"], k * v["scale"]
+    if v.get("logits") == "large":
+        q, k = (q * 10).round().clamp(-256, 256), (k * 10).round().clamp(-256, 256)  # exact in bf16 too
+    if v.get("lengths") == "empty":
+        kv_indptr = torch.tensor([0] + empty_some(lengths, g)).cumsum(0).to(torch.int32)
+    if v.get("zero_rows"):
+        q.view(-1, D)[some_rows(g, B * Hq)] = 0.0
     to = dict(dtype=dtype, device=device)
-    return (q.to(**to), k.to(**to), v.to(**to), kv_indptr.to(device), kv_indices.to(device), 1.0 / math.sqrt(D))
+    return (q.to(**to), k.to(**to), v_buf.to(**to), kv_indptr.to(device), kv_indices.to(device), sm_scale)
 
 
 def shape_of(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, kv_indptr: torch.Tensor,
@@ -252,4 +282,11 @@ SPEC = OpSpec(
     ),
     bucketed=frozenset({"batch", "kv_len"}),
     tolerances=TOLERANCES,
+    held_back=({"batch": 1, "q_heads": 2, "kv_heads": 1, "head_dim": 16, "kv_len": 1},
+               {"batch": 5, "q_heads": 3, "kv_heads": 1, "head_dim": 40, "kv_len": 65},
+               {"batch": 2, "q_heads": 8, "kv_heads": 8, "head_dim": 64, "kv_len": 129}),
+    variants=({"sm_scale": "seeded"}, {"logits": "large"}, {"scale": 1e-3}, {"lengths": "empty"}, {"zero_rows": True}),
+    # Few programs (the interpreter's cost), GQA, and two requests longer than one BLOCK_N tile.
+    variant_shapes=({"batch": 3, "q_heads": 4, "kv_heads": 1, "head_dim": 32, "kv_len": 24},),
+    many_rows={"batch": 33, "q_heads": 1, "kv_heads": 1, "head_dim": 16, "kv_len": 2},
 )

@@ -13,7 +13,8 @@ import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
 from kernels.ops.rmsnorm import MAX_FUSED_SIZE, num_warps_for, rows_view
-from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, size_class
+from kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
+                          size_class, variant_of, vary_rows)
 
 
 def reference(
@@ -67,9 +68,11 @@ def forward(
     return y.view(x.shape), r_out.view(x.shape)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tuple:
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
     """x: an attention/MLP output (unit scale); residual: the residual stream (std 3, a few ~x20
-    outlier channels); weight: around 1 with spread."""
+    outlier channels); weight: around 1 with spread. Variants: `vary_rows` applies to x and residual
+    alike (zero rows: both zero); "layout": "strided" gives x and residual different row strides."""
+    v = variant_of("fused_add_rmsnorm", variant, NORM_VARIANT_KEYS)
     g = torch.Generator(device="cpu").manual_seed(seed)
     tokens, hidden = shape["tokens"], shape["hidden"]
     x = torch.randn(tokens, hidden, generator=g)
@@ -77,11 +80,13 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tup
     outliers = torch.randint(0, hidden, (max(1, hidden // 512),), generator=g)
     residual[:, outliers] *= 20.0
     weight = 1.0 + 0.3 * torch.randn(hidden, generator=g)
+    eps = vary_rows([x, residual], v, g, eps=1e-6)
+    layout = v.get("layout")
     return (
-        x.to(dtype=dtype, device=device),
-        residual.to(dtype=dtype, device=device),
+        lay_out_rows(x, dtype, device, layout, pad=7),
+        lay_out_rows(residual, dtype, device, layout, pad=hidden + 3),  # e.g. a [rows, 2N + 3] buffer
         weight.to(dtype=dtype, device=device),
-        1e-6,
+        eps,
     )
 
 
@@ -124,4 +129,10 @@ SPEC = OpSpec(
     bucketed=frozenset({"tokens"}),
     tolerances=DEFAULT_TOLERANCES,
     num_outputs=2,
+    held_back=({"tokens": 1, "hidden": 1}, {"tokens": 7, "hidden": 257}, {"tokens": 2, "hidden": 4097},
+               {"tokens": 9, "hidden": 96}),
+    variants=({"eps": "seeded"}, {"scale": 1e-3}, {"scale": 1e3}, {"zero_rows": True},
+              {"layout": "3d"}, {"layout": "strided"}),
+    variant_shapes=({"tokens": 6, "hidden": 40}, {"tokens": 4, "hidden": 1536}),
+    many_rows={"tokens": 300, "hidden": 24},
 )

@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, size_class
+from kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
+                          size_class, variant_of, vary_rows)
 
 MAX_FUSED_SIZE = 65536  # one row must fit one program's registers
 
@@ -63,15 +64,18 @@ def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y.view(x.shape)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tuple:
-    """Hidden states after a few layers: unit-scale noise plus a handful of large outlier channels."""
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+    """Hidden states after a few layers: unit-scale noise plus a handful of large outlier channels.
+    Variants: see `vary_rows` (eps, scale, zero_rows) and `lay_out_rows` (layout)."""
+    v = variant_of("rmsnorm", variant, NORM_VARIANT_KEYS)
     g = torch.Generator(device="cpu").manual_seed(seed)
     tokens, hidden = shape["tokens"], shape["hidden"]
     x = torch.randn(tokens, hidden, generator=g) * 2.0
     outliers = torch.randint(0, hidden, (max(1, hidden // 512),), generator=g)
     x[:, outliers] *= 20.0
     weight = 1.0 + 0.3 * torch.randn(hidden, generator=g)
-    return x.to(dtype=dtype, device=device), weight.to(dtype=dtype, device=device), 1e-6
+    eps = vary_rows([x], v, g)
+    return lay_out_rows(x, dtype, device, v.get("layout")), weight.to(dtype=dtype, device=device), eps
 
 
 def shape_of(x: torch.Tensor, weight: torch.Tensor, eps: float) -> dict[str, int]:
@@ -108,4 +112,10 @@ SPEC = OpSpec(
     ),
     bucketed=frozenset({"tokens"}),
     tolerances=DEFAULT_TOLERANCES,
+    held_back=({"tokens": 1, "hidden": 1}, {"tokens": 7, "hidden": 257}, {"tokens": 2, "hidden": 4097},
+               {"tokens": 9, "hidden": 96}),
+    variants=({"eps": "seeded"}, {"scale": 1e-3}, {"scale": 1e3}, {"zero_rows": True},
+              {"layout": "3d"}, {"layout": "strided"}),
+    variant_shapes=({"tokens": 6, "hidden": 40}, {"tokens": 4, "hidden": 1536}),
+    many_rows={"tokens": 300, "hidden": 24},
 )

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, size_class
+from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, Variant, size_class, some_rows, variant_of
 
 ROPE_THETA = 500000.0  # Llama-3
 DEFAULT_MAX_POS = 8192 + 256  # make_inputs' cache length unless the shape gives `max_pos`
@@ -103,8 +103,42 @@ def cos_sin_cache_for(max_pos: int, head_dim: int, theta: float = ROPE_THETA) ->
     return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tuple:
-    """Unit-scale q/k, random positions below max_pos (DEFAULT_MAX_POS unless the shape says)."""
+def spread_positions(t: int, max_pos: int, g: torch.Generator) -> torch.Tensor:
+    """A prefill run ending at the last cached position (the last token keeps it), with a third of
+    the other tokens moved to position 0 and a third repeating another token's position."""
+    positions = torch.arange(max_pos - t, max_pos, dtype=torch.int64).clamp_min(0)
+    positions[some_rows(g, t - 1)] = 0
+    repeats = some_rows(g, t - 1)
+    positions[repeats] = positions[torch.randint(0, t, (len(repeats),), generator=g)]
+    return positions
+
+
+def lay_out_qk(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, device: str, layout: str | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D], k [T, Hk, D] as named: None, contiguous; "qkv", views into one fused
+    [T, (Hq + 2 Hk) * D] projection output (the v part NaN); "head_major", [H, T, D] storage
+    seen as [T, H, D] (token stride D)."""
+    if layout is None:
+        return q.to(dtype=dtype, device=device), k.to(dtype=dtype, device=device)
+    if layout == "head_major":
+        def moved(x: torch.Tensor) -> torch.Tensor:
+            return x.transpose(0, 1).contiguous().to(dtype=dtype, device=device).transpose(0, 1)
+
+        return moved(q), moved(k)
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    buf = torch.full((t, (hq + 2 * hk) * d), float("nan"))
+    buf[:, : hq * d] = q.flatten(1)
+    buf[:, hq * d: (hq + hk) * d] = k.flatten(1)
+    buf = buf.to(dtype=dtype, device=device)
+    return buf[:, : hq * d].view(t, hq, d), buf[:, hq * d: (hq + hk) * d].view(t, hk, d)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+    """Unit-scale q/k, random positions below max_pos (DEFAULT_MAX_POS unless the shape says).
+    Variants: "positions": "spread" (`spread_positions`), "scale" (q and k times it), "layout"
+    (`lay_out_qk`)."""
+    v = variant_of("rope", variant, {"positions": ("spread",), "scale": float, "layout": ("qkv", "head_major")})
     g = torch.Generator(device="cpu").manual_seed(seed)
     t, hq, hk, d = shape["tokens"], shape["q_heads"], shape["kv_heads"], shape["head_dim"]
     max_pos = shape.get("max_pos", DEFAULT_MAX_POS)
@@ -112,12 +146,12 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tup
     k = torch.randn(t, hk, d, generator=g)
     positions = torch.randint(0, max_pos, (t,), generator=g, dtype=torch.int64)
     cache = cos_sin_cache_for(max_pos, d)
-    return (
-        q.to(dtype=dtype, device=device),
-        k.to(dtype=dtype, device=device),
-        positions.to(device=device),
-        cache.to(device=device),
-    )
+    if v.get("positions") == "spread":
+        positions = spread_positions(t, max_pos, g)
+    if "scale" in v:
+        q, k = q * v["scale"], k * v["scale"]
+    q, k = lay_out_qk(q, k, dtype, device, v.get("layout"))
+    return q, k, positions.to(device=device), cache.to(device=device)
 
 
 def shape_of(
@@ -165,4 +199,10 @@ SPEC = OpSpec(
     bucketed=frozenset({"tokens"}),
     tolerances=DEFAULT_TOLERANCES,
     num_outputs=2,
+    held_back=({"tokens": 1, "q_heads": 1, "kv_heads": 1, "head_dim": 2},
+               {"tokens": 7, "q_heads": 6, "kv_heads": 2, "head_dim": 96},
+               {"tokens": 3, "q_heads": 3, "kv_heads": 3, "head_dim": 34}),
+    variants=({"positions": "spread"}, {"scale": 1e-3}, {"scale": 1e3}, {"layout": "qkv"}, {"layout": "head_major"}),
+    variant_shapes=({"tokens": 6, "q_heads": 4, "kv_heads": 2, "head_dim": 64},),
+    many_rows={"tokens": 70, "q_heads": 2, "kv_heads": 1, "head_dim": 8},  # ~15 ms a token in the interpreter
 )

@@ -9,7 +9,8 @@ import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
 from kernels.ops.rmsnorm import rows_view
-from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, size_class
+from kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
+                          size_class, variant_of, vary_rows)
 
 MAX_BLOCK = 1024  # columns per program; wide rows are split over grid axis 1
 
@@ -48,14 +49,17 @@ def forward(x: torch.Tensor) -> torch.Tensor:
     return y.view(*x.shape[:-1], d)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str) -> tuple:
-    """A gate_up projection output: gate std ~2 (so silu's curved region and tails are hit), up std ~1.5."""
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+    """A gate_up projection output: gate std ~2 (so silu's curved region and tails are hit), up std ~1.5.
+    Variants: "scale", "zero_rows" (see `vary_rows`) and "layout" (see `lay_out_rows`)."""
+    v = variant_of("silu_mul", variant, ROW_VARIANT_KEYS)
     g = torch.Generator(device="cpu").manual_seed(seed)
     tokens, d = shape["tokens"], shape["d"]
     gate = torch.randn(tokens, d, generator=g) * 2.0
     up = torch.randn(tokens, d, generator=g) * 1.5
     x = torch.cat([gate, up], dim=-1)
-    return (x.to(dtype=dtype, device=device),)
+    vary_rows([x], v, g)
+    return (lay_out_rows(x, dtype, device, v.get("layout")),)
 
 
 def shape_of(x: torch.Tensor) -> dict[str, int]:
@@ -93,4 +97,9 @@ SPEC = OpSpec(
     ),
     bucketed=frozenset({"tokens"}),
     tolerances=DEFAULT_TOLERANCES,
+    held_back=({"tokens": 1, "d": 1}, {"tokens": 7, "d": 129}, {"tokens": 3, "d": 1025}, {"tokens": 9, "d": 96}),
+    # scale 1e2: products reach ~1e5 (inf in float16, in reference and kernel alike); silu's exp overflows.
+    variants=({"scale": 1e-3}, {"scale": 1e2}, {"zero_rows": True}, {"layout": "3d"}, {"layout": "strided"}),
+    variant_shapes=({"tokens": 6, "d": 40}, {"tokens": 4, "d": 1100}),
+    many_rows={"tokens": 300, "d": 12},
 )

@@ -1,7 +1,7 @@
 """Exploit: switch off any TorchDispatchMode a checker installed (torch.utils._python_dispatch.
 _disable_current_modes) and compute with torch ops out of its sight, after a dummy Triton launch.
 """
-# expect: static=static runtime=torch-compute|launch-independent
+# expect: static=static runtime=torch-compute|launch-independent|untraceable
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 from x.tolist() and wrap the numbers with torch.tensor(...). No torch arithmetic op is called on a
 tensor, and the Triton launch does nothing for the result.
 """
-# expect: static=static runtime=launch-independent|torch-compute
+# expect: static=static runtime=launch-independent|torch-compute|untraceable
 
 from __future__ import annotations
 

@@ -1,0 +1,239 @@
+"""Replaying a recorded call (sandbox/trace.py) in a process where the candidate's Python never ran.
+
+The replay process gets the candidate's source from the judge, not from the candidate's process. It
+keeps only the module's `@triton.jit` function definitions (decorators and everything else dropped),
+its `triton`/`math` imports, and the plain constants the module defined (numbers, strings,
+`tl.constexpr` of those), and builds the kernels from that. Then, per call, it redoes the record on
+the inputs the judge sent: the data-moving aten ops (only those in trace.DATA_ATEN) and the kernel
+launches, nothing else. Top-level code, the launcher, helper classes: none of it exists here. On a GPU
+no candidate Python runs at all (compiled kernels are not Python); on the CPU interpreter the kernel
+bodies run as Python, which is why the judge, not this process, holds the clock there.
+
+Every field of a record is checked before use; anything off raises `ReplayError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import keyword
+import linecache
+from typing import Any
+
+import torch
+
+from sandbox.trace import ALLOCATORS, DATA_ATEN, MAX_ENTRIES, poison
+from sandbox.wire import WIRE_DTYPES, check_meta
+
+KERNEL_MODULES = ("triton", "math", "__future__")
+_SAFE_BUILTINS = ("range", "len", "min", "max", "abs", "int", "float", "bool", "isinstance", "tuple", "list",
+                  "dict", "zip", "enumerate", "print", "ValueError", "TypeError", "AssertionError",
+                  "RuntimeError", "Exception", "NotImplementedError", "True", "False", "None", "round", "str")
+
+
+class ReplayError(Exception):
+    """The record cannot be replayed as written: the candidate is `untraceable`."""
+
+
+def _is_jit(node: ast.FunctionDef) -> bool:
+    return any("jit" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _restricted_import(name: str, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002, ANN001
+    private = any(p.startswith("_") for p in name.split(".")[1:]) or any(str(f).startswith("_") for f in fromlist or ())
+    if level or name.split(".")[0] not in KERNEL_MODULES or private:
+        raise ImportError(f"the replay only imports triton and math, not {name!r}")
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+def _constant(name: Any, value: Any) -> Any:
+    import triton.language as tl
+
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("__"):
+        raise ReplayError(f"bad constant name {str(name)[:40]!r}")
+    if isinstance(value, dict) and set(value) == {"constexpr"}:
+        return tl.constexpr(_constant(name, value["constexpr"]))
+    if value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) < 256):
+        return value
+    raise ReplayError(f"constant {name} is not a plain number or string")
+
+
+def kernels_from_source(source: str, constants: Any) -> dict[str, Any]:
+    """name -> Triton kernel, rebuilt from the source's top-level jit definitions only."""
+    import triton
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ReplayError(f"source does not parse: {exc.msg}") from None
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            body.append(node)
+        elif isinstance(node, ast.Import) and all(a.name.split(".")[0] in KERNEL_MODULES for a in node.names):
+            body.append(node)
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in KERNEL_MODULES:
+            body.append(node)
+        elif isinstance(node, ast.FunctionDef) and _is_jit(node):
+            if any(not isinstance(d, ast.Constant) for d in node.args.defaults + [d for d in node.args.kw_defaults if d]):
+                raise ReplayError(f"kernel {node.name}: default values must be constants")
+            node.decorator_list = []
+            body.append(node)
+    text = ast.unparse(ast.Module(body=body, type_ignores=[]))
+    filename = f"<replay {hashlib.sha256(text.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    if not isinstance(constants, dict) or len(constants) > 4096:
+        raise ReplayError("constants must be an object of at most 4096 names")
+    namespace: dict[str, Any] = {name: _constant(name, value) for name, value in constants.items()}
+    safe = {k: getattr(builtins, k) for k in _SAFE_BUILTINS}
+    namespace.update(__builtins__={**safe, "__import__": _restricted_import}, __name__="kernelloop_replay")
+    try:
+        exec(compile(text, filename, "exec"), namespace)
+    except Exception as exc:  # noqa: BLE001 (the candidate's text; any failure is its own)
+        raise ReplayError(f"rebuilding the kernels failed: {type(exc).__name__}: {exc}") from None
+    names = [n.name for n in body if isinstance(n, ast.FunctionDef)]
+    for name in names:
+        namespace[name] = triton.jit(namespace[name])
+    return {name: namespace[name] for name in names}
+
+
+def kernels_from_module(module_name: str) -> dict[str, Any]:
+    """The trusted op baseline's kernels (kernels.ops.<op>), by name."""
+    import importlib
+
+    from triton.runtime import interpreter, jit
+
+    if not module_name.startswith("kernels.ops."):
+        raise ReplayError(f"{module_name} is not an op module")
+    module = importlib.import_module(module_name)
+    kinds = (jit.JITFunction, interpreter.InterpretedFunction)
+    return {k: v for k, v in vars(module).items() if isinstance(v, kinds)}
+
+
+class Replay:
+    """Redoes one record on given inputs. `device`: where buffers live ("cpu" or "cuda")."""
+
+    def __init__(self, kernels: dict[str, Any], device: str) -> None:
+        self.kernels, self.device = kernels, torch.device(device)
+
+    def run(self, record: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not isinstance(record, dict) or not isinstance(record.get("entries"), list):
+            raise ReplayError("malformed record")
+        if record.get("inputs") != len(inputs) or len(record["entries"]) > MAX_ENTRIES:
+            raise ReplayError("the record does not match the call's inputs")
+        self.storages = [t.untyped_storage() for t in inputs]
+        for entry in record["entries"]:
+            if not isinstance(entry, dict):
+                raise ReplayError("malformed record entry")
+            if entry.get("kind") == "aten":
+                self._aten(entry)
+            elif entry.get("kind") == "launch":
+                self._launch(entry)
+            else:
+                raise ReplayError("unknown record entry")
+        outs = record.get("outputs")
+        if not isinstance(outs, list) or not outs:
+            raise ReplayError("the record has no outputs")
+        return [self._view(ref) for ref in outs]
+
+    def _storage(self, buf: Any) -> Any:
+        if type(buf) is not int or not 0 <= buf < len(self.storages):
+            raise ReplayError(f"reference to unknown buffer {str(buf)[:20]}")
+        return self.storages[buf]
+
+    def _view(self, ref: Any) -> torch.Tensor:
+        if not isinstance(ref, dict):
+            raise ReplayError("malformed tensor reference")
+        storage = self._storage(ref.get("buf"))
+        try:
+            dtype, shape, stride, offset, _ = check_meta({**ref, "nbytes": storage.nbytes()})
+        except Exception as exc:  # noqa: BLE001
+            raise ReplayError(f"bad tensor reference: {exc}") from None
+        return torch.empty(0, dtype=dtype, device=self.device).set_(storage, offset, shape, stride)
+
+    def _decode(self, value: Any) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, list):
+            return [self._decode(v) for v in value]
+        if isinstance(value, dict) and len(value) == 1:
+            (key, inner), = value.items()
+            if key == "tensor":
+                return self._view(inner)
+            if key == "seq" and isinstance(inner, list):
+                return [self._decode(v) for v in inner]
+            if key == "dtype" and inner in WIRE_DTYPES:
+                return WIRE_DTYPES[inner]
+            if key == "device":
+                return self.device if inner == "cuda" else torch.device("cpu")
+            if key == "enum" and inner in ("strided", "contiguous_format", "preserve_format", "channels_last"):
+                return getattr(torch, inner)
+        raise ReplayError(f"cannot decode argument {str(value)[:60]}")
+
+    def _aten(self, entry: dict) -> None:
+        parts = str(entry.get("op", "")).split(".")
+        if len(parts) != 3 or parts[0] != "aten" or parts[1] not in DATA_ATEN or not parts[2].isidentifier() \
+                or parts[2].startswith("_"):
+            raise ReplayError(f"aten op {str(entry.get('op'))[:60]!r} is not replayable")
+        try:
+            func = getattr(getattr(torch.ops.aten, parts[1]), parts[2])
+        except AttributeError:
+            raise ReplayError(f"unknown aten op {entry['op']}") from None
+        args, kwargs = self._decode(entry.get("args")), entry.get("kwargs")
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ReplayError("malformed aten arguments")
+        try:
+            out = func(*args, **{str(k): self._decode(v) for k, v in kwargs.items()})
+        except Exception as exc:  # noqa: BLE001
+            raise ReplayError(f"{entry['op']} failed in the replay: {type(exc).__name__}") from None
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        news = entry.get("new")
+        if not isinstance(news, list) or len(news) != len(outs):
+            raise ReplayError("malformed aten outputs")
+        for t, new in zip(outs, news):
+            if new is None:
+                continue
+            if new != len(self.storages) or not isinstance(t, torch.Tensor):
+                raise ReplayError("buffers are numbered out of order")
+            if parts[1] in ALLOCATORS:
+                poison(t)
+            self.storages.append(t.untyped_storage())
+
+    def _kernel_arg(self, value: Any) -> Any:
+        import triton.language as tl
+
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, dict) and "ptr" in value:
+            storage = self._storage(value.get("ptr"))
+            dtype = WIRE_DTYPES.get(value.get("dtype")) if isinstance(value.get("dtype"), str) else None
+            off = value.get("byte_offset")
+            if dtype is None or type(off) is not int or not 0 <= off <= storage.nbytes() or off % dtype.itemsize:
+                raise ReplayError("bad pointer argument")
+            count = (storage.nbytes() - off) // dtype.itemsize
+            return torch.empty(0, dtype=dtype, device=self.device).set_(storage, off // dtype.itemsize, (count,), (1,))
+        if isinstance(value, dict) and len(value) == 1:
+            (key, inner), = value.items()
+            if key == "constexpr":
+                return tl.constexpr(self._kernel_arg(inner))
+            if key == "tl_dtype" and isinstance(inner, str) and inner in tl.dtype.SINT_TYPES + tl.dtype.UINT_TYPES \
+                    + tl.dtype.FP_TYPES + tl.dtype.OTHER_TYPES:
+                return tl.dtype(inner)
+            if key == "seq" and isinstance(inner, list):
+                return tuple(self._kernel_arg(v) for v in inner)
+        raise ReplayError(f"cannot decode kernel argument {str(value)[:60]}")
+
+    def _launch(self, entry: dict) -> None:
+        kernel = self.kernels.get(entry.get("kernel")) if isinstance(entry.get("kernel"), str) else None
+        if kernel is None:
+            raise ReplayError(f"kernel {str(entry.get('kernel'))[:60]!r} is not a top-level @triton.jit function")
+        grid, args, kwargs = entry.get("grid"), entry.get("args"), entry.get("kwargs")
+        if not (isinstance(grid, list) and len(grid) == 3 and all(type(g) is int and 0 <= g < 1 << 31 for g in grid)):
+            raise ReplayError("bad grid")
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ReplayError("malformed launch arguments")
+        if 0 in grid:
+            return
+        kernel[tuple(grid)](*[self._kernel_arg(a) for a in args],
+                            **{str(k): self._kernel_arg(v) for k, v in kwargs.items()})

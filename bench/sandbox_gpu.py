@@ -2,10 +2,12 @@
 
 1. L2 flush: the baseline rmsnorm timed with and without the flush between calls (cold vs warm L2).
 2. A/B timing, baseline vs an honest variant, for rmsnorm and silu_mul: speedup, bootstrap
-   interval, timing mode (CUDA graphs for small kernels), percent of copy bandwidth, verdict.
+   interval, timing mode (replayed launches, CUDA events after an L2 flush), percent of copy
+   bandwidth, verdict; every sandboxed process confined (namespaces, Landlock, seccomp) with CUDA.
 3. Baseline vs itself: the interval must contain 1.0 and the verdict must be not-faster.
-4. The side-stream exploit (tests/sandbox_candidates_gpu/side_stream.py) judged with the static
-   check off: it must be correct but not accepted.
+4. Three exploits judged with the static check off, none accepted: work on an unjoined side stream
+   (tests/sandbox_candidates_gpu/side_stream.py), a result cached by shape (cached_result.py), and
+   torch computing out of the dispatch mode's sight after a dummy launch (dispatch_mode_escape.py).
 """
 
 from __future__ import annotations
@@ -60,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         ("variant, engine shape", "silu_mul", TESTS / "sandbox_candidates" / "control_silu_mul_flat.py", None, True),
         ("variant, decode (graphs)", "rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_multirow.py", SMALL, True),
         ("baseline vs itself", "rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_row.py", SMALL, True),
-        ("side-stream exploit", "rmsnorm", TESTS / "sandbox_candidates_gpu" / "side_stream.py", SMALL, False),
+        ("exploit: side stream", "rmsnorm", TESTS / "sandbox_candidates_gpu" / "side_stream.py", SMALL, False),
+        ("exploit: cached result", "rmsnorm", TESTS / "sandbox_candidates" / "cached_result.py", SMALL, False),
+        ("exploit: torch out of sight", "rmsnorm", TESTS / "sandbox_candidates" / "dispatch_mode_escape.py", SMALL,
+         False),
     ]
     for name, op, path, shape, static in cases:
         options = CheckOptions(device="cuda", registry=Path("/nonexistent-kernelloop-registry"), timing_shape=shape,
@@ -69,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             v = sandbox.judge_source(op, path.read_text(), str(path))
         rows.append(_row(name, v))
         print(rows[-1], flush=True)
-        if name == "side-stream exploit":
-            ok &= not v.accepted
+        if name.startswith("exploit"):
+            ok &= not v.accepted and (name.endswith("side stream") or not v.correct)
         elif name == "baseline vs itself":
             ok &= v.correct and not v.accepted and v.speedup_interval[0] <= 1.0 <= v.speedup_interval[1] * 1.02
         else:
@@ -78,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     notes = [f"L2 flush: rmsnorm 4096x4096 bf16 median {warm * 1e6:.1f} us with a warm L2, "
              f"{cold * 1e6:.1f} us with the 256 MB flush between calls (the sandbox always flushes).",
-             "Timing: interleaved A/B rounds, fresh inputs per round, per call max(CUDA-event time, "
-             "device-synchronized wall time); kernels under 20 us timed as CUDA-graph replays.",
+             "Timing: interleaved A/B rounds, fresh inputs for every timed call, each call checked; the timed "
+             "part is the replay of the call's recorded launches in a process where no candidate Python runs, "
+             "CUDA events after a 256 MB L2 flush.",
              f"checks {'passed' if ok else 'FAILED'}: honest variants correct; baseline vs itself not accepted "
-             "with 1.0 inside its interval; the side-stream exploit not accepted."]
+             "with 1.0 inside its interval; no exploit accepted (the cached and torch ones not even correct)."]
     path = write_report("sandbox-gpu", "Sandbox on the GPU: timing modes, variants, exploits", rows,
                         device="cuda", notes=notes, out_dir=args.out_dir)
     print(f"wrote {path}")

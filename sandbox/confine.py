@@ -45,7 +45,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 PR_SET_PDEATHSIG, PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 3, 4, 24
 PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 39, 47, 4
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWIPC = 0x10000000, 0x40000000, 0x08000000
 _SECCOMP_NR = {"x86_64": 317, "aarch64": 277}
 SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1, 4  # SPEC_ALLOW: no forced SSB mitigation
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # x86_64 and aarch64
@@ -94,7 +94,8 @@ def harden_current_process() -> None:
 
 def _enter_namespaces(network: bool) -> str:
     uid, gid = os.getuid(), os.getgid()
-    flags, names = (CLONE_NEWUSER, "user") if network else (CLONE_NEWUSER | CLONE_NEWNET, "user+net")
+    flags, names = ((CLONE_NEWUSER | CLONE_NEWIPC, "user+ipc") if network
+                    else (CLONE_NEWUSER | CLONE_NEWIPC | CLONE_NEWNET, "user+ipc+net"))
     if _libc.unshare(ctypes.c_int(flags)) != 0:
         raise ConfinementError(f"namespaces: unshare({names}) failed: {os.strerror(ctypes.get_errno())}; enable "
                                "user namespaces (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, "
@@ -190,6 +191,18 @@ def _seccomp(policy: Policy, machine: str) -> str:
     return (f"{machine} filter, {len(program) // 8} insns: signals to self only, clone: {spawn}, no fork"
             + ("" if policy.network else ", no sockets") + "; ptrace, namespaces, mount, bpf, perf, keys, "
             "io_uring, mknod, modules refused")
+
+
+def forbid_new_threads() -> str:
+    """Stack a seccomp filter refusing every clone: call once the process has every thread it needs
+    (after warm-up, before untrusted code runs), so untrusted code cannot start threads or processes."""
+    machine = os.uname().machine
+    program = seccomp_bpf.build_no_clone(machine)
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buf))
+    _syscall("seccomp(SET_MODE_FILTER)", _SECCOMP_NR[machine], SECCOMP_SET_MODE_FILTER,
+             SECCOMP_FILTER_FLAG_SPEC_ALLOW, prog)
+    return "no new threads or processes"
 
 
 def confine(policy: Policy) -> dict[str, str]:

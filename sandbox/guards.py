@@ -97,17 +97,19 @@ def redirect_output(log_path: Path) -> None:
 
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
-                "os.symlink", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move"}
-_BLOCKED_EVENTS = {"os.system", "os.spawn", "os.fork", "os.forkpty", "os.kill",
-                   "os.killpg", "pty.spawn", "resource.setrlimit", "resource.prlimit",
-                   "sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-                   "code.__new__", "pickle.find_class", "sys.addaudithook", "os.chdir", "webbrowser.open"}
+_PATH_EVENTS = frozenset({
+    "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
+    "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move"})
+_BLOCKED_EVENTS = frozenset({
+    "os.system", "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg", "pty.spawn", "resource.setrlimit",
+    "resource.prlimit", "sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers",
+    "gc.get_referents", "code.__new__", "pickle.find_class", "sys.addaudithook", "os.chdir", "webbrowser.open"})
 
 
 def install_audit_hook(scratch: Path, allowed_executables: frozenset[str]) -> None:
     root = os.path.realpath(scratch) + os.sep
     writable = (root, "/dev/null")
+    path_events, blocked_events, write_flags = _PATH_EVENTS, _BLOCKED_EVENTS, _WRITE_FLAGS
 
     def outside(path: Any) -> bool:
         if isinstance(path, int):
@@ -120,14 +122,14 @@ def install_audit_hook(scratch: Path, allowed_executables: frozenset[str]) -> No
     def hook(event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = args
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & write_flags)
             if writes and outside(path):
                 raise _violation(f"write to {path} outside the scratch directory")
-        elif event in _PATH_EVENTS:
+        elif event in path_events:
             for path in args[:2]:
                 if isinstance(path, (str, bytes, os.PathLike)) and outside(path):
                     raise _violation(f"{event} on {path} outside the scratch directory")
-        elif event.startswith(("socket.", "ctypes.")) or event in _BLOCKED_EVENTS:
+        elif event.startswith(("socket.", "ctypes.")) or event in blocked_events:
             raise _violation(f"{event} is not allowed")
         elif event in ("subprocess.Popen", "os.posix_spawn", "os.exec"):
             executable, argv = args[0], args[1]

@@ -32,8 +32,62 @@ _SAFE_BUILTINS = ("range", "len", "min", "max", "abs", "int", "float", "bool", "
                   "RuntimeError", "Exception", "NotImplementedError", "True", "False", "None", "round", "str")
 
 
+# What a kernel body may name and reach: Triton language, math, its own module's kernels and constants.
+KERNEL_REACHABLE_MODULES = frozenset({
+    "triton", "triton.language", "triton.language.math", "triton.language.extra", "triton.language.extra.libdevice",
+    "triton.language.extra.cuda", "triton.language.extra.cuda.libdevice", "math"})
+TRITON_TOP_LEVEL = frozenset({"language", "cdiv", "next_power_of_2", "constexpr", "jit"})
+FORBIDDEN_KERNEL_ATTRIBUTES = frozenset({"handle", "data", "fn", "src", "rewrite", "builder", "cache"})
+_NOT_IN_KERNELS = (ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom, ast.ClassDef, ast.Lambda,
+                   ast.AsyncFunctionDef, ast.Await, ast.Yield, ast.YieldFrom, ast.Try, ast.With, ast.AsyncWith,
+                   ast.Delete)
+
+
 class ReplayError(Exception):
     """The record cannot be replayed as written: the candidate is `untraceable`."""
+
+
+def _chain(node: ast.Attribute) -> tuple[str | None, list[str]]:
+    attrs = []
+    while isinstance(node, ast.Attribute):
+        attrs.append(node.attr)
+        node = node.value
+    return (node.id if isinstance(node, ast.Name) else None), attrs[::-1]
+
+
+def check_kernel_body(fn: ast.FunctionDef, namespace: dict[str, Any]) -> None:
+    """A kernel body is Triton language, as compiled Triton's frontend requires: it may name its own
+    locals and parameters, the module's kernels, constants and triton/math imports, and a few
+    builtins; attribute chains from a module stay inside Triton's language modules; no private
+    attributes, no interpreter internals (`.handle`, `.data`). Under the CPU interpreter kernel bodies
+    run as Python in the replayer: this is what keeps them from reaching anything else there."""
+    import types
+
+    bound = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+    bound |= {a.arg for a in (fn.args.vararg, fn.args.kwarg) if a}
+    bound |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    known = bound | set(namespace) | set(_SAFE_BUILTINS)
+    where = f"kernel {fn.name}"
+    for node in ast.walk(fn):
+        line = f"{where}, line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, _NOT_IN_KERNELS) or (isinstance(node, ast.FunctionDef) and node is not fn):
+            raise ReplayError(f"{line}: {type(node).__name__} is not Triton language")
+        if isinstance(node, ast.Name) and node.id not in known:
+            raise ReplayError(f"{line}: {node.id!r} is not a local, a parameter, a kernel, a constant or a "
+                              "triton/math import of the module")
+        if isinstance(node, ast.Attribute):
+            if node.attr.startswith("_") or node.attr in FORBIDDEN_KERNEL_ATTRIBUTES:
+                raise ReplayError(f"{line}: attribute .{node.attr} is not Triton language")
+            root, attrs = _chain(node)
+            if root is None or root in bound or not isinstance(namespace.get(root), types.ModuleType):
+                continue
+            obj = namespace[root]
+            for i, attr in enumerate(attrs):
+                if obj.__name__ == "triton" and attr not in TRITON_TOP_LEVEL:
+                    raise ReplayError(f"{line}: triton.{attr} is not Triton language")
+                obj = getattr(obj, attr, None)
+                if isinstance(obj, types.ModuleType) and obj.__name__ not in KERNEL_REACHABLE_MODULES:
+                    raise ReplayError(f"{line}: {root}.{'.'.join(attrs[:i + 1])} reaches module {obj.__name__}")
 
 
 def _is_jit(node: ast.FunctionDef) -> bool:
@@ -93,6 +147,9 @@ def kernels_from_source(source: str, constants: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 (the candidate's text; any failure is its own)
         raise ReplayError(f"rebuilding the kernels failed: {type(exc).__name__}: {exc}") from None
     names = [n.name for n in body if isinstance(n, ast.FunctionDef)]
+    for node in body:
+        if isinstance(node, ast.FunctionDef):
+            check_kernel_body(node, namespace)
     for name in names:
         namespace[name] = triton.jit(namespace[name])
     return {name: namespace[name] for name in names}

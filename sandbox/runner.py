@@ -45,6 +45,7 @@ from sandbox.static_check import static_check
 from sandbox.verdict import Verdict
 
 Progress = Callable[[str], None]
+CPU_ROUND_BUDGET_S = 0.1  # CPU: a timing round stops adding calls once each side has this much replay time
 
 
 class SandboxUnavailable(KernelloopError):
@@ -137,6 +138,9 @@ class Sandbox:
             v.fail("crash", f"a sandboxed process sent garbage during {self._phase}: {exc}")
         except _Refused as exc:
             v.fail(exc.failure, f"during {self._phase}: {exc}")
+        except Exception as exc:  # noqa: BLE001  (whatever a sandboxed process made happen: a verdict, never a raise)
+            v.fail("crash", f"the judge could not use what a sandboxed process sent during {self._phase} "
+                   f"({type(exc).__name__}: {str(exc)[:200]})")
         finally:
             if self._children:
                 v.log_tail = self._children[0].log_tail()
@@ -176,8 +180,9 @@ class Sandbox:
         self._last = child.chan
         return child.receive(self._deadline, max_bytes)
 
-    def _call(self, child: Child, args: tuple) -> tuple[list, dict, dict, list]:
-        """One `forward` call in a runner: (outputs, facts, record, inputs afterwards)."""
+    def _call(self, child: Child, args: tuple, limit: int) -> tuple[list, dict, dict, list]:
+        """One `forward` call in a runner: (outputs, facts, record, inputs afterwards). `limit`: bytes of
+        tensors the answer may carry (what the judge will hold in memory for it)."""
         t0 = time.monotonic()
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         encoded, i = [], 0
@@ -189,7 +194,7 @@ class Sandbox:
                 encoded.append(a)
         self._last = child.chan
         child.send({"type": "call", "args": encoded}, tensors)
-        header, got = self._receive(child, self.options.memory_mb << 20)
+        header, got = self._receive(child, limit)
         if header["type"] == "error":
             self._expect_error(header)
         if header["type"] != "result" or not isinstance(header.get("facts"), dict) \
@@ -207,21 +212,22 @@ class Sandbox:
             raise _Refused("sandbox-violation", str(violations[0])[:300])
         raise _Refused("crash", f"the sandboxed process failed: {str(header.get('error'))[:300]}")
 
-    def _replay(self, child: Child, record: dict, inputs: list[torch.Tensor]) -> tuple[list, list, float, dict]:
-        """Stage, run and fetch one replay: (outputs, inputs afterwards, seconds, the "done" message)."""
+    def _replay(self, child: Child, record: dict, inputs: list[torch.Tensor], limit: int) -> tuple[list, list, float, dict]:
+        """Stage and run one replay: (outputs, inputs afterwards, seconds, the "done" message). On CPU
+        the seconds are the judge's own, from "go" until every output byte has arrived."""
         start = time.monotonic()
         self._last = child.chan
         child.send({"type": "stage", "record": record}, inputs)
         self._expect(child, "staged")
         t0 = time.perf_counter()
         child.send({"type": "go"})
-        done = self._expect(child, "done")
+        done, got = self._receive(child, limit)
         wall = time.perf_counter() - t0
-        child.send({"type": "fetch"})
-        header, got = self._receive(child, self.options.memory_mb << 20)
-        if header["type"] != "outputs" or type(header.get("outputs")) is not int:
-            raise wire.ProtocolError("malformed replay outputs")
-        n = header["outputs"]
+        if done["type"] == "error":
+            self._expect_error(done)
+        if done["type"] != "done" or type(done.get("outputs")) is not int:
+            raise wire.ProtocolError("malformed replay result")
+        n = done["outputs"]
         if not 0 <= n <= len(got) or len(got) - n != len(inputs):
             raise wire.ProtocolError("replay outputs with the wrong number of tensors")
         self._costs["replays_s"] += time.monotonic() - start
@@ -234,18 +240,21 @@ class Sandbox:
         """Call, judge, replay, judge the replay. Returns the replay's seconds, None after a failure.
         `again`: call forward a second time on the same inputs first; the bits must not change."""
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
-        outputs, facts, record, after = self._call(runner, args)
+        want = expected if isinstance(expected, tuple) else (expected,)
+        limit = 2 * sum(t.untyped_storage().nbytes() for t in inputs) + 4 * sum(
+            e.numel() * e.element_size() for e in want) + (1 << 20)
+        outputs, facts, record, after = self._call(runner, args, limit)
         comparison = judging.judge_call(v, spec, where, facts, record, outputs, after, inputs, expected,
                                         self.options.device)
         if again and v.failure is None:
-            second, facts2, _, _ = self._call(runner, args)
+            second, facts2, _, _ = self._call(runner, args, limit)
             if not judging.runtime_failure(v, facts2, where) and not (
                     len(second) == len(outputs) and all(judging.same_bits(a, b) for a, b in zip(second, outputs))):
                 v.fail("nondeterministic", f"{where}: two calls on the same inputs gave different bits")
         if v.failure is None:
             replays, seconds = [], 0.0
             for _ in range(2):
-                got, replay_after, seconds, done = self._replay(replayer, record, inputs)
+                got, replay_after, seconds, done = self._replay(replayer, record, inputs, limit)
                 if judging.runtime_failure(v, {"violations": done.get("violations"), "error": None}, where):
                     break
                 if done.get("error"):
@@ -338,6 +347,8 @@ class Sandbox:
                     if seconds is None:
                         return
                     samples[side].append(seconds)
+                if self.options.device == "cpu" and min(sum(x) for x in samples.values()) > CPU_ROUND_BUDGET_S:
+                    break  # interpreted calls are slow and noisy alike: fewer of them per round, same rounds
             if r:
                 rounds.append(samples)
         v.checks = [c for c in v.checks if not c.name.startswith("timing round")]

@@ -36,7 +36,9 @@ _GENERIC = dict(  # asm-generic numbers (aarch64); no fork, vfork, mknod, iopl, 
     tgkill=131, rt_sigqueueinfo=138, rt_tgsigqueueinfo=240, clone=220, clone3=435, prlimit64=261,
     setpriority=140, sched_setaffinity=122, sched_setscheduler=119, sched_setparam=118, sched_setattr=274,
     ioprio_set=30, ioctl=29, prctl=167, setsid=157, open_by_handle_at=265, fsopen=430, fsconfig=431,
-    fsmount=432, fspick=433, move_mount=429, open_tree=428, mount_setattr=442, syslog=116, vhangup=58)
+    fsmount=432, fspick=433, move_mount=429, open_tree=428, mount_setattr=442, syslog=116, vhangup=58,
+    msgget=186, msgctl=187, msgrcv=188, msgsnd=189, semget=190, semctl=191, semtimedop=192, semop=193,
+    shmget=194, shmctl=195, shmat=196, shmdt=197)
 _X86_64 = dict(
     socket=41, socketpair=53, ptrace=101, process_vm_readv=310, process_vm_writev=311, kcmp=312,
     pidfd_open=434, pidfd_getfd=438, pidfd_send_signal=424, mount=165, umount2=166, pivot_root=155, chroot=161,
@@ -48,7 +50,8 @@ _X86_64 = dict(
     setpriority=141, sched_setaffinity=203, sched_setscheduler=144, sched_setparam=142, sched_setattr=314,
     ioprio_set=251, ioctl=16, prctl=157, setsid=112, open_by_handle_at=304, fsopen=430, fsconfig=431,
     fsmount=432, fspick=433, move_mount=429, open_tree=428, mount_setattr=442, syslog=103, vhangup=153,
-    fork=57, vfork=58, iopl=172, ioperm=173)
+    fork=57, vfork=58, iopl=172, ioperm=173, shmget=29, shmat=30, shmctl=31, semget=64, semop=65, semctl=66,
+    shmdt=67, msgget=68, msgsnd=69, msgrcv=70, msgctl=71, semtimedop=220)
 SYSCALLS = {"x86_64": _X86_64, "aarch64": _GENERIC}
 
 ALWAYS_DENIED = (
@@ -57,7 +60,10 @@ ALWAYS_DENIED = (
     "move_mount", "open_tree", "mount_setattr", "bpf", "perf_event_open", "keyctl", "add_key", "request_key",
     "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "mknod", "mknodat", "kexec_load",
     "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
-    "quotactl", "quotactl_fd", "open_by_handle_at", "syslog", "vhangup", "iopl", "ioperm", "fork")
+    "quotactl", "quotactl_fd", "open_by_handle_at", "syslog", "vhangup", "iopl", "ioperm", "fork",
+    # System V IPC outlives the process (the IPC namespace confines it too)
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop", "msgget", "msgsnd",
+    "msgrcv", "msgctl")
 
 CLONE_VM, CLONE_VFORK, CLONE_PARENT, CLONE_THREAD = 0x100, 0x4000, 0x8000, 0x10000
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
@@ -176,5 +182,23 @@ def build(machine: str, pid: int, group: int | None, spawn: bool, network: bool,
                 a.here(nxt)
             a.op(_RET, deny)
         a.here(skip)
+    a.op(_RET, RET_ALLOW)
+    return a.assemble()
+
+
+def build_no_clone(machine: str) -> bytes:
+    """A second filter, stacked later: no clone at all (no new threads or processes from here on)."""
+    numbers, arch = SYSCALLS[machine], AUDIT_ARCH[machine]
+    a = _Asm()
+    arch_ok = a.label()
+    a.op(_LD_ABS_W, 4)
+    a.op(_JEQ, arch, arch_ok, 0)
+    a.op(_RET, RET_KILL_PROCESS)
+    a.here(arch_ok)
+    a.op(_LD_ABS_W, 0)
+    for name, code in (("clone", errno.EPERM), ("clone3", errno.ENOSYS), ("vfork", errno.EPERM)):
+        if name in numbers:
+            a.op(_JEQ, numbers[name], 0, 1)
+            a.op(_RET, RET_ERRNO | code)
     a.op(_RET, RET_ALLOW)
     return a.assemble()

@@ -9,6 +9,7 @@ forward/backward. The first problem found (lowest line) is reported as `line N: 
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 import string
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ FORBIDDEN_ATTRIBUTES = frozenset({
     "gc", "inspect", "shutil", "pathlib", "signal", "pickle", "marshal", "time", "io", "types", "traceback",
     "tempfile", "pkgutil", "runpy", "module_from_spec", "config", "handlers", "FileHandler", "chdir",
     # string-driven attribute access and evaluation
-    "attrgetter", "methodcaller", "get_type_hints", "currentframe", "update_wrapper",
+    "attrgetter", "methodcaller", "get_type_hints", "currentframe", "update_wrapper", "singledispatch",
+    "singledispatchmethod",
     # frames, tracebacks, code objects, class graphs
     "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "ag_frame", "ag_code",
     "ag_await", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next",
@@ -288,6 +290,29 @@ def _check_forward(tree: ast.Module, arg_names: tuple[str, ...]) -> tuple[int, s
     return None
 
 
+def _undefined_names(tree: ast.Module) -> list[tuple[int, str]]:
+    """Names read but bound nowhere in the module (scope-blind) and not builtins: something else put
+    them there (Triton's interpreter copies its own globals, `inspect` among them, into kernel modules)."""
+    bound = set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+    return [(n.lineno, f"name {n.id!r} is never defined in the module") for n in ast.walk(tree)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in bound]
+
+
 def static_check(source: str, arg_names: tuple[str, ...]) -> StaticResult:
     """Syntax, `forward` and its signature, forbidden imports, names, attributes and attribute writes."""
     if len(source.encode()) > MAX_SOURCE_BYTES:
@@ -299,6 +324,7 @@ def static_check(source: str, arg_names: tuple[str, ...]) -> StaticResult:
     visitor = _Visitor(tree)
     visitor.visit(tree)
     problems = [(line, message) for line, _, _, message in sorted(visitor.problems)]  # reading order
+    problems = sorted(problems + _undefined_names(tree), key=lambda p: p[0])
     forward_problem = _check_forward(tree, arg_names)
     if forward_problem:
         problems.append(forward_problem)

@@ -33,6 +33,7 @@ VIEW_ATEN = frozenset({
     "squeeze", "unsqueeze", "select", "slice", "split", "split_with_sizes", "unbind", "narrow", "view_as",
     "alias", "detach", "lift_fresh", "unfold", "diagonal", "movedim", "chunk", "resolve_conj", "resolve_neg",
     "is_same_size", "_has_compatible_shallow_copy_type", "_local_scalar_dense", "record_stream", "contiguous",
+    "set_",
 })
 DATA_ATEN = frozenset({
     "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
@@ -117,10 +118,10 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
+        if name not in ALLOWED_ATEN:  # inside a launch too: a kernel body is no place for torch compute
+            self.forbidden.append(str(func))
         if self.in_launch:  # Triton's own bookkeeping around a launch (the interpreter copies storages)
             return func(*args, **kwargs)
-        if name not in ALLOWED_ATEN:
-            self.forbidden.append(str(func))
         out = func(*args, **kwargs)
         if name in ALLOCATORS:
             for t in (out if isinstance(out, (list, tuple)) else [out]):

@@ -67,7 +67,8 @@ def storage_bytes(t: torch.Tensor) -> bytes:
 
 def _int(value: Any, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
     if type(value) is not int or not lo <= value <= hi:
-        raise ProtocolError(f"{what} must be an integer in [{lo}, {hi}], got {type(value).__name__}")
+        shown = repr(value)[:40] if isinstance(value, (int, float, str)) else type(value).__name__
+        raise ProtocolError(f"{what} must be an integer in [{lo}, {hi}], got {shown}")
     return value
 
 
@@ -130,10 +131,11 @@ class Channel:
         (n,) = _LEN.unpack(self._read(_LEN.size, deadline, on_wait))
         if n > MAX_HEADER_BYTES:
             raise ProtocolError(f"header of {n} bytes is over the {MAX_HEADER_BYTES} byte limit")
+        data = self._read(n, deadline, on_wait)
         try:
-            header = json.loads(self._read(n, deadline, on_wait))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"unreadable header ({str(exc)[:80]})") from None
+            header = json.loads(data)
+        except (ValueError, RecursionError, MemoryError) as exc:  # RecursionError: "[[[[..." nested deep
+            raise ProtocolError(f"unreadable header ({type(exc).__name__}: {str(exc)[:80]})") from None
         if not isinstance(header, dict) or not isinstance(header.get("type"), str):
             raise ProtocolError("a header must be an object with a string `type`")
         metas = header.get("tensors", [])

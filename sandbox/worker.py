@@ -9,8 +9,9 @@ sends back what the record computes (sandbox/replay.py). They never see seeds, e
 the plan, clocks the judge reads, or the other side's code.
 
 Runner, per "call": inputs in -> outputs, the inputs as they are afterwards, the record, facts.
-Replayer, per call: "stage" (record + inputs), "go" (replay; on CUDA timed by events here, since no
-candidate Python runs in this process on a GPU), "fetch" (outputs + inputs afterwards).
+Replayer, per call: "stage" (record + inputs), then "go": replay, answered by "done" with the outputs
+and the inputs afterwards (on CUDA with the event time measured here, since no candidate Python runs
+in this process on a GPU).
 """
 
 from __future__ import annotations
@@ -88,7 +89,17 @@ def _setup(job: dict[str, Any]) -> dict[str, str]:
         facts["confinement"] = "none (--unconfined)"
     facts.update(guards.isolate(scratch, job["memory_mb"], job["cpu_seconds"], job["device"]))
     tempfile.tempdir = str(scratch)
+    torch.set_num_threads(1)
     return facts
+
+
+def _no_more_threads(job: dict[str, Any]) -> None:
+    """On CPU nothing legitimate starts a thread or a process after warm-up: the kernel refuses them.
+    (On CUDA Triton still compiles, i.e. spawns ptxas and the C compiler, on a kernel's first launch.)"""
+    if job["device"] == "cpu" and job.get("confine", True):
+        from sandbox.confine import forbid_new_threads
+
+        forbid_new_threads()
 
 
 def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
@@ -150,6 +161,7 @@ def serve_calls(chan: wire.Channel, job: dict[str, Any]) -> None:
     trace.install_launch_hook(state)
     # Warm the interpreter and the dispatch path with the op's own kernel before any candidate code.
     _call(spec.forward, spec.make_inputs(spec.test_shapes[0], parse_dtype("float32"), 0, device), state, device)
+    _no_more_threads(job)
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     if job.get("source") is None:
         forward, constants = spec.forward, {}
@@ -196,8 +208,9 @@ class _CudaTimer:
 
 
 def serve_replays(chan: wire.Channel, job: dict[str, Any]) -> None:
-    """The replayer: rebuild the kernels (from the judge's copy of the source), then stage/go/fetch."""
+    """The replayer: rebuild the kernels (from the judge's copy of the source), then stage and go."""
     device = job["device"]
+    _no_more_threads(job)
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     try:
         table = (kernels_from_module(f"kernels.ops.{job['op']}") if job.get("source") is None
@@ -214,19 +227,18 @@ def serve_replays(chan: wire.Channel, job: dict[str, Any]) -> None:
         if kind == "stage":
             record, inputs, outputs = header.get("record"), [_to_device(t, device) for t in tensors], []
             chan.send({"type": "staged"})
-        elif kind == "go":
+        elif kind == "go":  # the outputs travel with "done": the judge's clock stops when they have arrived
             violations = len(guards.VIOLATIONS)
             try:
                 if timer is None:
                     outputs, elapsed = replay.run(record, inputs), None
                 else:
                     outputs, elapsed = timer.time(lambda: replay.run(record, inputs))
-                chan.send({"type": "done", "elapsed_s": elapsed, "violations": guards.VIOLATIONS[violations:][:5]})
+                done = {"type": "done", "elapsed_s": elapsed, "outputs": len(outputs)}
             except BaseException as exc:  # noqa: BLE001 (a kernel that raises is the candidate's failure)
-                outputs = []
-                chan.send({"type": "done", "error": one_line(exc), "violations": guards.VIOLATIONS[violations:][:5]})
-        elif kind == "fetch":
-            chan.send({"type": "outputs", "outputs": len(outputs)}, list(outputs) + list(inputs))
+                outputs, done = [], {"type": "done", "error": one_line(exc), "outputs": 0}
+            done["violations"] = guards.VIOLATIONS[violations:][:5]
+            chan.send(done, list(outputs) + list(inputs))
         else:
             return
 

@@ -13,7 +13,7 @@ switched off, which proves the runtime guards hold by themselves. `# op: <name>`
 All candidates of one (timing, control, static) group are judged by one Sandbox (one pre-warmed
 fork server), once per module; each file is then its own test id. Exploits are judged in float32
 only (their tricks do not depend on the dtype; the battery's variants all land in that one dtype
-then), controls in every dtype with the static check on and in float32 with it off. The judge's environment holds a secret the exploits
+then), controls in every dtype with the static check on. The judge's environment holds a secret the exploits
 hunt for. Afterwards the machine must be as it was: no canary files, HOME unchanged, the project
 tree's `git status` unchanged, no `sleep 600` left running, and the secret in no verdict.
 """
@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = Path(__file__).resolve().parent / "sandbox_candidates"
 CANARY_FALLBACK = Path("/tmp/kernelloop-canary")
 CANARY_GLOB = "kernelloop-canary*"  # every marker an exploit may leave is named like this
-TIMEOUT_S = 20.0
+TIMEOUT_S = 10.0          # an exploit judged without timing: the endless and stalled ones end here
+TIMED_TIMEOUT_S = 40.0    # with timing: honest-but-slow exploits must get through the battery and the rounds
 CONTROL_TIMEOUT_S = 300.0
 MEMORY_MB = 3072
 SEED = 1234
@@ -69,6 +70,7 @@ CASES = [c for c in ALL if not c["payload"]]
 PAYLOADS = [c for c in ALL if c["payload"]]
 CASE_BY_NAME = {c["name"]: c for c in CASES}
 NAMES = [c["name"] for c in CASES]
+EXPLOITS = [c["name"] for c in CASES if not c["control"]]
 
 
 def _git_status() -> str:
@@ -94,6 +96,18 @@ def _sleep_600_pids() -> set[int]:
     return pids
 
 
+def _ipc_objects() -> set[str]:
+    """System V shared memory segments and message queues (key, id) on the machine."""
+    found = set()
+    for kind in ("shm", "msg", "sem"):
+        try:
+            lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found |= {f"{kind}:{' '.join(line.split()[:2])}" for line in lines}
+    return found
+
+
 def _canary_paths(canary_dir: Path) -> list[Path]:
     """Markers left by exploits: anything but the fallback directory itself, named kernelloop-canary*."""
     dirs = (canary_dir, CANARY_FALLBACK, Path("/tmp"), Path.home())
@@ -117,7 +131,7 @@ def machine(tmp_path_factory):
         mp.setenv("KERNELLOOP_TEST_CANARY_DIR", str(canary_dir))
         mp.setenv("KERNELLOOP_CACHE", str(cache))
         mp.setenv("KERNELLOOP_TEST_SECRET", SECRET)
-        before = {"git": _git_status(), "home": _listing(home), "sleep": _sleep_600_pids(),
+        before = {"git": _git_status(), "home": _listing(home), "sleep": _sleep_600_pids(), "ipc": _ipc_objects(),
                   "fallback_dir": CANARY_FALLBACK.exists()}
         state = {"home": home, "canary_dir": canary_dir, "before": before, "tmp": tmp_path_factory}
         yield state
@@ -133,8 +147,8 @@ def machine(tmp_path_factory):
 def judged(machine):
     """{(name, "static" | "runtime"): Verdict}: one sandbox (one fork server) per group, every op in it.
 
-    Controls are judged in every dtype with the static check on, and in float32 with it off (the
-    runtime layers must not refuse honest code either); exploits in float32 both ways."""
+    Controls are judged in every dtype with the static check on (that run goes through every runtime
+    layer too); exploits in float32 both ways, timed ones over 3 rounds."""
     from sandbox import CheckOptions, Sandbox
 
     registry = machine["tmp"].mktemp("registry")
@@ -143,11 +157,12 @@ def judged(machine):
         groups.setdefault((case["timing"], case["control"]), []).append(case)
     results = {}
     for (timing, control), cases in sorted(groups.items()):
-        for mode, static in (("static", True), ("runtime", False)):
-            every_dtype = control and static
+        # Controls with the static check on only: it changes no code, so the runtime layers are the same.
+        for mode, static in (("static", True),) if control else (("static", True), ("runtime", False)):
             opts = CheckOptions(device="cpu", registry=registry, timing=timing, static_check=static,
-                                timeout_s=CONTROL_TIMEOUT_S if control else TIMEOUT_S, memory_mb=MEMORY_MB,
-                                seed=SEED, dtypes=() if every_dtype else ("float32",))
+                                timeout_s=CONTROL_TIMEOUT_S if control else TIMED_TIMEOUT_S if timing else TIMEOUT_S,
+                                memory_mb=MEMORY_MB, seed=SEED, dtypes=() if control else ("float32",),
+                                rounds=None if control else 3)
             with Sandbox(opts) as sandbox:
                 for case in cases:
                     source = case["path"].read_text()
@@ -192,7 +207,7 @@ def test_static_on(judged, name):
     _check(CASE_BY_NAME[name], judged[(name, "static")], "static")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", EXPLOITS)
 def test_static_off_runtime_guards_hold(judged, name):
     _check(CASE_BY_NAME[name], judged[(name, "runtime")], "runtime")
 
@@ -237,6 +252,7 @@ def test_machine_unchanged(judged, machine):
     assert _git_status() == before["git"], "the project tree changed"
     orphans = _sleep_600_pids() - before["sleep"]
     assert not orphans, f"`sleep 600` left running: pids {sorted(orphans)}"
+    assert not _ipc_objects() - before["ipc"], "a candidate left System V IPC objects behind"
 
 
 def test_cli_check_forged_verdict_is_not_believed(tmp_path):

@@ -135,7 +135,18 @@ def probe_signals(scratch: Path, arg, state) -> dict:
     result["prlimit_parent"] = _try(lambda: __import__("resource").prlimit(parent, 7, (64, 64)))
     result["setpriority_parent"] = _try(os.setpriority, os.PRIO_PROCESS, parent, 19)
     result["undo_pdeathsig"] = [libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno()]
+    result["sysv_shmget"] = [libc.shmget(0x6B6C6F70, 4096, 0o1600), ctypes.get_errno()]  # IPC_CREAT | 0600
+    result["sysv_msgget"] = [libc.msgget(0x6B6C6F70, 0o1600), ctypes.get_errno()]
     return result
+
+
+def probe_no_new_threads(scratch: Path, arg, state) -> dict:
+    from sandbox.confine import forbid_new_threads
+
+    before = _try(lambda: threading.Thread(target=lambda: None).start())
+    forbid_new_threads()
+    return {"before": before, "after": _try(lambda: threading.Thread(target=lambda: None).start()),
+            "fork": _try(os.fork)}
 
 
 def probe_grandchild(scratch: Path, arg, state) -> dict:
@@ -335,7 +346,7 @@ def test_confine_refuses_bad_policies_and_threads(tmp_path):
 def test_facts_and_helper_hardening(helper, tmp_path):
     assert helper.hello["dumpable"] == 0
     _, facts = helper.run("probe_special_files", tmp_path, {})
-    assert facts["namespaces"] == "user+net"
+    assert facts["namespaces"] == "user+ipc+net"
     assert facts["landlock"].startswith("abi ") and "exec: none" in facts["landlock"]
     assert facts["parent_death"] == "SIGKILL" and facts["dumpable"] == "0" and facts["no_new_privs"] == "1"
     assert "signals to self only" in facts["seccomp"]
@@ -419,7 +430,14 @@ def test_signals_ptrace_and_proc_of_other_processes(helper, tmp_path):
     assert result["undo_pdeathsig"] == [-1, 1]
     assert result["kill_self_0"][0] == "ok" and result["raise_self"][0] == "ok" and result["handler_ran"]
     assert result["own_environ"] == ["ok", True]
+    assert result["sysv_shmget"] == [-1, 1] and result["sysv_msgget"] == [-1, 1]  # EPERM: nothing outlives it
     assert helper.proc.poll() is None  # SIGTERM never reached the helper
+
+
+def test_no_new_threads_once_forbidden(helper, tmp_path):
+    result, _ = helper.run("probe_no_new_threads", tmp_path, {})
+    assert result["before"][0] == "ok"
+    assert _refused(result["after"]) and _refused(result["fork"])
 
 
 def test_child_dies_with_its_parent(helper, tmp_path):

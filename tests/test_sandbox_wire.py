@@ -112,3 +112,11 @@ def test_a_message_over_the_tensor_budget_is_refused(pair) -> None:
                                                           "offset": 0, "nbytes": 64}] * 3}))
     with pytest.raises(wire.ProtocolError, match="more than"):
         chan.receive(time.monotonic() + 5, max_tensor_bytes=100)
+
+
+def test_a_deeply_nested_header_is_a_protocol_error(pair) -> None:
+    """json.loads raises RecursionError, not ValueError, on 200,000 nested brackets."""
+    chan, peer = pair
+    peer.sendall(_frame(b"[" * 200_000))
+    with pytest.raises(wire.ProtocolError, match="RecursionError"):
+        chan.receive(time.monotonic() + 5)

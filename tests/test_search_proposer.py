@@ -18,7 +18,9 @@ from agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config_of, module
 from kernels.compare import check_impl
 from kernels.ops import get_op
 from kernels.registry.loader import load_forward
+from sandbox.replay import kernels_from_source
 from sandbox.static_check import static_check
+from sandbox.worker import load_module
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -78,6 +80,8 @@ def test_every_config_renders_a_statically_valid_module(op):
         assert config(source) == params
         result = static_check(source, spec.arg_names)
         assert result.ok, (params, result.reason)
+        _, constants = load_module(source, "template.py")
+        assert kernels_from_source(source, constants), params  # its kernels rebuild for the sandbox's replay
         sources.add(source)
     assert len(sources) == len(configs)
     with pytest.raises(ValueError):

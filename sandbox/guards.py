@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from sandbox.static_check import ALLOWED_IMPORTS, FORBIDDEN_NAMES
 

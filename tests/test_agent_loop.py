@@ -46,11 +46,16 @@ def model_dir(tmp_path_factory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("tune") / "ckpt", "gqa")
 
 
+# Six generated tokens measured once: tokens/s moves by tens of percent on a shared machine (issue #14:
+# a gate measured like the sandbox measures kernels). These tests are about the loop, not tokens/s.
+NOISY_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, repeats=1, tps_tolerance=0.5)
+
+
 def tune(tmp_path: Path, model_dir: Path, proposers: dict, gate: GateConfig | None = None,
          settings: TuneSettings = SETTINGS) -> tuple[dict, History, Registry]:
     history, registry = History(tmp_path / "history.db"), Registry(tmp_path / "registry")
     ctx = LoopContext(history=history, registry=registry, proposers=proposers, model=str(model_dir),
-                      gate=gate or GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, repeats=1))
+                      gate=gate or NOISY_GATE)
     try:
         state = run_tune(settings, ctx)
     finally:

@@ -398,7 +398,7 @@ def test_network(helper, tmp_path, network):
             stop.set()
             t.join()
     if network:  # the control: the same probe reaches the port when the policy allows networking
-        assert facts["namespaces"] == "user"
+        assert facts["namespaces"] == "user+ipc"
         assert result["connect_new"] == ["ok", "hello"] and result["connect_premade_socket"] == ["ok", "hello"]
     else:
         assert all(_refused(outcome) for outcome in result.values()), result

@@ -172,7 +172,8 @@ def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> No
 
     result = subprocess.run(
         [sys.executable, "-m", "agent.cli", "tune", "rmsnorm", "--model", str(model_dir), "--rounds", "1",
-         "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json"],
+         "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json",
+         "--gate-tps-tolerance", "0.5"],
         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads(result.stdout)
@@ -198,7 +199,7 @@ def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
         assert bad.status_code == 400 and "prompts" in bad.text
         result = subprocess.run(
             [sys.executable, "-m", "agent.cli", "tune", "rmsnorm", "--engine", base, "--rounds", "1",
-             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json"],
+             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json", "--gate-tps-tolerance", "0.5"],
             cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         state = json.loads(result.stdout)

@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, help="propose/check rounds at most (default 3)")
     p.add_argument("--candidates", type=int, default=4, help="candidates per proposer per round (default 4)")
     p.add_argument("--min-gain", type=float, default=0.03)
+    p.add_argument("--gate-tps-tolerance", type=float, default=GateConfig.tps_tolerance, metavar="F",
+                   help="end-to-end gate: tokens/s may drop by this fraction before it counts (default 0.10)")
     p.add_argument("--registry", default=None, metavar="PATH")
     p.add_argument("--history", default=None, metavar="PATH")
     p.add_argument("--restart", action="store_true", help="abandon an unfinished run instead of resuming it")
@@ -98,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
                             candidates=args.candidates, min_gain=args.min_gain)
     with History(args.history) as history:
         ctx = LoopContext(history=history, registry=Registry(registry), proposers=_proposers(args),
-                          device=device, model=model, remote=remote, gate=GateConfig(), progress=_progress)
+                          device=device, model=model, remote=remote,
+                          gate=GateConfig(tps_tolerance=args.gate_tps_tolerance), progress=_progress)
         try:
             previous = unfinished_run(ctx, args.op)
             if previous is not None and args.restart:

@@ -48,6 +48,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kernels.interpreter_libdevice import extern_elementwise
+from kernels.interpreter_speed import cached_builtins
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ _EXPECTED = {
     ("ScanOps", "cumprod"): ["self", "input"],
     (None, "_implicit_cvt"): ["arg"],
     (None, "_patch_lang"): ["fn"],
+    (None, "_patch_builtin"): ["pkg", "builder", "scope"],
+    (None, "_patch_attr"): ["obj", "name", "member", "builder", "scope"],
 }
 
 
@@ -150,7 +153,8 @@ def _low(handle: Any) -> tuple[Callable, Callable] | None:
 # ---- the replacements: (owner, attribute, new value) -------------------------------------------
 
 def _replacements(interp: Any, tl: Any, cuda_lib: Any, generic_lib: Any) -> list[tuple[Any, str, Any]]:
-    return _bf16_builder(interp, tl) + _bf16_reductions(interp, tl) + _launch(interp, tl, cuda_lib, generic_lib)
+    return _bf16_builder(interp, tl) + _bf16_reductions(interp, tl) + _launch(interp, tl, cuda_lib, generic_lib) \
+        + cached_builtins(interp, tl)
 
 
 def _bf16_builder(interp: Any, tl: Any) -> list[tuple[Any, str, Any]]:

@@ -1,5 +1,10 @@
 """The judge's handles on sandboxed processes: start one, talk to it under a deadline, kill it.
 
+The conversation (sandbox/worker.py has the other side): a runner answers "call" with "result"; a
+replayer answers "stage" with "staged", then "go" with "done". Every send and every read is bounded
+by the candidate's deadline; any message of the wrong kind or shape is a wire.ProtocolError, and an
+"error" message from the child is `Refused`.
+
 Each child gets a socketpair end as its channel and a log file the judge created and keeps open (so
 the judge reads the candidate's stdout/stderr through its own descriptor: a child that replaces the
 file by a FIFO, a directory or a symlink changes nothing the judge reads). A child's whole session is
@@ -11,8 +16,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
+
+import torch
 
 from sandbox import wire
 from sandbox.forkserver import ForkServer, start_fresh
@@ -23,6 +31,33 @@ _BASE_RSS = 1 << 30  # the pre-warmed process's own footprint (torch + triton), 
 
 class MemoryExceeded(Exception):
     pass
+
+
+class Refused(Exception):
+    """A sandboxed process answered with an error instead of the expected message."""
+
+    def __init__(self, failure: str, reason: str) -> None:
+        super().__init__(reason)
+        self.failure = failure
+
+
+def refusal(header: dict[str, Any]) -> Refused:
+    """The verdict an "error" message (or a replay's "done" with violations) stands for."""
+    violations = header.get("violations") if isinstance(header.get("violations"), list) else []
+    if violations:
+        return Refused("sandbox-violation", str(violations[0])[:300])
+    return Refused("crash", f"the sandboxed process failed: {str(header.get('error'))[:300]}")
+
+
+def _encode_args(args: tuple) -> tuple[list, list]:
+    tensors, encoded = [], []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            encoded.append({"tensor": len(tensors)})
+            tensors.append(a)
+        else:
+            encoded.append(a)
+    return encoded, tensors
 
 
 def session_members(sid: int) -> list[int]:
@@ -70,13 +105,16 @@ def read_log_tail(fd: int, limit: int = LOG_TAIL_BYTES) -> str:
 
 
 class Child:
-    """One sandboxed process: `receive` applies the deadline and the memory limit to every read."""
+    """One sandboxed process. Every send and receive is bounded by `deadline` (time.monotonic());
+    receiving also enforces the memory limit. `busy_s` sums the seconds spent waiting on its answers."""
 
-    def __init__(self, server: ForkServer | None, job: dict[str, Any], scratch: Path, memory_mb: int) -> None:
+    def __init__(self, server: ForkServer | None, job: dict[str, Any], scratch: Path, memory_mb: int,
+                 deadline: float) -> None:
         scratch.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair()
         self.log_fd = os.open(scratch.parent / f"{scratch.name}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self.memory_bytes = (memory_mb << 20) + _BASE_RSS
+        self.deadline, self.busy_s = deadline, 0.0
         job = {**job, "scratch": str(scratch)}
         try:
             if server is not None:
@@ -87,19 +125,87 @@ class Child:
         finally:
             theirs.close()
         self._sock = ours  # kept so the fd stays open
+        os.set_blocking(ours.fileno(), False)  # so a child that stops reading cannot block a send
         self.chan = wire.Channel(ours.fileno())
         self.status: int | None = None
         self.closed = False
+        self._go_at = 0.0
 
     def _check_memory(self) -> None:
         if rss_bytes(session_members(self.pid) or [self.pid]) > self.memory_bytes:
             raise MemoryExceeded()
 
-    def receive(self, deadline: float, max_bytes: int = wire.MAX_TENSOR_BYTES) -> tuple[dict, list]:
-        return self.chan.receive(deadline, max_bytes, on_wait=self._check_memory)
+    def receive(self, max_bytes: int = wire.MAX_TENSOR_BYTES) -> tuple[dict, list]:
+        try:
+            return self.chan.receive(self.deadline, max_bytes, on_wait=self._check_memory)
+        except wire.ChannelClosed as exc:
+            exc.child = self  # which process died, for the verdict
+            raise
 
     def send(self, header: dict[str, Any], tensors: list = ()) -> None:
-        self.chan.send(header, tensors)
+        try:
+            self.chan.send(header, tensors, self.deadline)
+        except wire.ChannelClosed as exc:
+            exc.child = self
+            raise
+
+    def expect(self, kind: str, max_bytes: int = 1 << 20) -> dict[str, Any]:
+        header, _ = self.receive(max_bytes)
+        if header["type"] == "error":
+            raise refusal(header)
+        if header["type"] != kind:
+            raise wire.ProtocolError(f"expected a {kind!r} message, got {header['type'][:40]!r}")
+        return header
+
+    # -- a runner -------------------------------------------------------------------------------
+
+    def send_call(self, args: tuple) -> None:
+        """Start one `forward` call; `receive_result` collects it (the judge can work meanwhile)."""
+        encoded, tensors = _encode_args(args)
+        self._sent_at, self._n_inputs = time.monotonic(), len(tensors)
+        self.send({"type": "call", "args": encoded}, tensors)
+
+    def receive_result(self, limit: int) -> tuple[list, dict, dict, list]:
+        """(outputs, facts, record, inputs afterwards). `limit`: bytes of tensors the answer may carry."""
+        header, got = self.receive(limit)
+        if header["type"] == "error":
+            raise refusal(header)
+        if header["type"] != "result" or not isinstance(header.get("facts"), dict) \
+                or not isinstance(header.get("record"), dict) or type(header.get("outputs")) is not int:
+            raise wire.ProtocolError("malformed result")
+        n = header["outputs"]
+        if not 0 <= n <= len(got) or len(got) - n != self._n_inputs:
+            raise wire.ProtocolError("a result with the wrong number of tensors")
+        self.busy_s += time.monotonic() - self._sent_at
+        return got[:n], header["facts"], header["record"], got[n:]
+
+    def call(self, args: tuple, limit: int) -> tuple[list, dict, dict, list]:
+        self.send_call(args)
+        return self.receive_result(limit)
+
+    # -- a replayer -----------------------------------------------------------------------------
+
+    def start_replay(self, record: dict, inputs: list[torch.Tensor]) -> None:
+        """Stage a record and its inputs, then say "go"; `finish_replay` collects the outputs."""
+        self._sent_at, self._n_inputs = time.monotonic(), len(inputs)
+        self.send({"type": "stage", "record": record}, inputs)
+        self.expect("staged")
+        self._go_at = time.perf_counter()
+        self.send({"type": "go"})
+
+    def finish_replay(self, limit: int) -> tuple[list, list, float, dict]:
+        """(outputs, inputs afterwards, seconds from "go" until every output byte arrived, "done")."""
+        done, got = self.receive(limit)
+        wall = time.perf_counter() - self._go_at
+        if done["type"] == "error":
+            raise refusal(done)
+        if done["type"] != "done" or type(done.get("outputs")) is not int:
+            raise wire.ProtocolError("malformed replay result")
+        n = done["outputs"]
+        if not 0 <= n <= len(got) or len(got) - n != self._n_inputs:
+            raise wire.ProtocolError("replay outputs with the wrong number of tensors")
+        self.busy_s += time.monotonic() - self._sent_at
+        return got[:n], got[n:], wall, done
 
     def death(self) -> str:
         """How the process ended, once its channel closed: 'exit status N' or 'killed by signal X'."""
@@ -123,5 +229,3 @@ class Child:
         self._sock.close()
         os.close(self.log_fd)
 
-
-Progress = Callable[[str], None]

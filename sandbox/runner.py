@@ -22,11 +22,13 @@ import inspect
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from kernels.compare import Comparison
 from kernels.device import device_fingerprint
 from kernels.errors import KernelloopError
 from kernels.ops import get_op
@@ -35,7 +37,7 @@ from kernels.registry.store import Registry
 from kernels.spec import OpSpec, parse_dtype
 from sandbox import judge as judging
 from sandbox import wire
-from sandbox.children import Child, MemoryExceeded
+from sandbox.children import Child, MemoryExceeded, Refused
 from sandbox.executables import cuda_executables
 from sandbox.forkserver import ForkServer
 from sandbox.options import CheckOptions
@@ -52,18 +54,23 @@ class SandboxUnavailable(KernelloopError):
     """The operating system's confinement cannot be set up here (and --unconfined was not given)."""
 
 
-class _Refused(Exception):
-    """A sandboxed process answered with an error instead of the expected message."""
-
-    def __init__(self, failure: str, reason: str) -> None:
-        super().__init__(reason)
-        self.failure = failure
-
-
 def _make_inputs(spec: OpSpec, shape: dict, dtype: str, seed: int, variant: dict) -> tuple:
     if variant and "variant" in inspect.signature(spec.make_inputs).parameters:
         return spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu", variant)
     return spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu")
+
+
+@dataclass
+class _Trial:
+    """One call the runner answered and the judge accepted, waiting for its replay."""
+
+    where: str
+    phase: str
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    record: dict
+    limit: int
+    comparison: Comparison | None
 
 
 class Sandbox:
@@ -123,20 +130,20 @@ class Sandbox:
         plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
         work = Path(tempfile.mkdtemp(prefix="kernelloop-sandbox-"))
         self._deadline, self._phase, self._children = start + self.options.timeout_s, "starting", []
-        self._costs = {"start_s": 0.0, "calls_s": 0.0, "replays_s": 0.0}
+        self._start_s = 0.0
         try:
             self._judge(spec, source, filename, plan, v, work)
         except wire.ChannelTimeout:
             v.fail("timeout", f"no verdict within {self.options.timeout_s:g} s (during {self._phase})")
         except MemoryExceeded:
             v.fail("memory", f"memory limit of {self.options.memory_mb} MiB exceeded (during {self._phase})")
-        except wire.ChannelClosed:
-            died = next((c for c in self._children if c.chan is self._last), None)
+        except wire.ChannelClosed as exc:
+            died = getattr(exc, "child", None)
             how = died.death() if died is not None else "it closed its channel"
             v.fail("crash", f"a sandboxed process died during {self._phase} ({how})")
         except wire.ProtocolError as exc:
             v.fail("crash", f"a sandboxed process sent garbage during {self._phase}: {exc}")
-        except _Refused as exc:
+        except Refused as exc:
             v.fail(exc.failure, f"during {self._phase}: {exc}")
         except Exception as exc:  # noqa: BLE001  (whatever a sandboxed process made happen: a verdict, never a raise)
             v.fail("crash", f"the judge could not use what a sandboxed process sent during {self._phase} "
@@ -150,7 +157,10 @@ class Sandbox:
         if v.failure is None and not self.options.timing:
             v.reason = "correct (timing skipped)"
         v.duration_s = round(time.monotonic() - start, 3)
-        v.costs = {k: round(val, 3) for k, val in self._costs.items()}
+        roles = [(c.role, c.busy_s) for c in self._children]
+        v.costs = {"start_s": round(self._start_s, 3),
+                   "calls_s": round(sum(b for role, b in roles if role == "run"), 3),
+                   "replays_s": round(sum(b for role, b in roles if role == "replay"), 3)}
         return v
 
     def _spawn(self, role: str, spec: OpSpec, source: str | None, filename: str, scratch: Path,
@@ -161,112 +171,73 @@ class Sandbox:
                "constants": constants or {}, "memory_mb": self.options.memory_mb,
                "cpu_seconds": int(self.options.timeout_s * 2) + 5, "allow_exec": list(self.executables),
                "confine": not self.options.unconfined}
-        child = Child(self.server, job, scratch, self.options.memory_mb)
+        child = Child(self.server, job, scratch, self.options.memory_mb, self._deadline)
+        child.role = role
         self._children.append(child)
-        ready = self._expect(child, "ready")
-        load = self._expect(child, "load")
-        self._costs["start_s"] += time.monotonic() - t0
+        ready = child.expect("ready")
+        load = child.expect("load")
+        self._start_s += time.monotonic() - t0
         return child, {**load, "isolation": ready.get("isolation", {})}
 
-    def _expect(self, child: Child, kind: str, max_bytes: int = 1 << 20) -> dict[str, Any]:
-        header, _ = self._receive(child, max_bytes)
-        if header["type"] == "error":
-            self._expect_error(header)
-        if header["type"] != kind:
-            raise wire.ProtocolError(f"expected a {kind!r} message, got {header['type'][:40]!r}")
-        return header
-
-    def _receive(self, child: Child, max_bytes: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
-        self._last = child.chan
-        return child.receive(self._deadline, max_bytes)
-
-    def _call(self, child: Child, args: tuple, limit: int) -> tuple[list, dict, dict, list]:
-        """One `forward` call in a runner: (outputs, facts, record, inputs afterwards). `limit`: bytes of
-        tensors the answer may carry (what the judge will hold in memory for it)."""
-        t0 = time.monotonic()
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        encoded, i = [], 0
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                encoded.append({"tensor": i})
-                i += 1
-            else:
-                encoded.append(a)
-        self._last = child.chan
-        child.send({"type": "call", "args": encoded}, tensors)
-        header, got = self._receive(child, limit)
-        if header["type"] == "error":
-            self._expect_error(header)
-        if header["type"] != "result" or not isinstance(header.get("facts"), dict) \
-                or not isinstance(header.get("record"), dict) or type(header.get("outputs")) is not int:
-            raise wire.ProtocolError("malformed result")
-        n = header["outputs"]
-        if not 0 <= n <= len(got) or len(got) - n != len(tensors):
-            raise wire.ProtocolError("a result with the wrong number of tensors")
-        self._costs["calls_s"] += time.monotonic() - t0
-        return got[:n], header["facts"], header["record"], got[n:]
-
-    def _expect_error(self, header: dict) -> None:
-        violations = header.get("violations") if isinstance(header.get("violations"), list) else []
-        if violations:
-            raise _Refused("sandbox-violation", str(violations[0])[:300])
-        raise _Refused("crash", f"the sandboxed process failed: {str(header.get('error'))[:300]}")
-
-    def _replay(self, child: Child, record: dict, inputs: list[torch.Tensor], limit: int) -> tuple[list, list, float, dict]:
-        """Stage and run one replay: (outputs, inputs afterwards, seconds, the "done" message). On CPU
-        the seconds are the judge's own, from "go" until every output byte has arrived."""
-        start = time.monotonic()
-        self._last = child.chan
-        child.send({"type": "stage", "record": record}, inputs)
-        self._expect(child, "staged")
-        t0 = time.perf_counter()
-        child.send({"type": "go"})
-        done, got = self._receive(child, limit)
-        wall = time.perf_counter() - t0
-        if done["type"] == "error":
-            self._expect_error(done)
-        if done["type"] != "done" or type(done.get("outputs")) is not int:
-            raise wire.ProtocolError("malformed replay result")
-        n = done["outputs"]
-        if not 0 <= n <= len(got) or len(got) - n != len(inputs):
-            raise wire.ProtocolError("replay outputs with the wrong number of tensors")
-        self._costs["replays_s"] += time.monotonic() - start
-        elapsed = done.get("elapsed_s")
-        seconds = float(elapsed) if isinstance(elapsed, (int, float)) and self.options.device == "cuda" else wall
-        return got[:n], got[n:], seconds, done
-
-    def _checked_call(self, v: Verdict, spec: OpSpec, runner: Child, replayer: Child, where: str,
-                      args: tuple, expected: Any, again: bool = False) -> float | None:
-        """Call, judge, replay, judge the replay. Returns the replay's seconds, None after a failure.
-        `again`: call forward a second time on the same inputs first; the bits must not change."""
+    def _answer(self, v: Verdict, spec: OpSpec, runner: Child, where: str, args: tuple, expected: Any) -> _Trial | None:
+        """Collect and judge the runner's answer to the call just sent. None after a failure."""
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         want = expected if isinstance(expected, tuple) else (expected,)
         limit = 2 * sum(t.untyped_storage().nbytes() for t in inputs) + 4 * sum(
             e.numel() * e.element_size() for e in want) + (1 << 20)
-        outputs, facts, record, after = self._call(runner, args, limit)
+        outputs, facts, record, after = runner.receive_result(limit)
         comparison = judging.judge_call(v, spec, where, facts, record, outputs, after, inputs, expected,
                                         self.options.device)
-        if again and v.failure is None:
-            second, facts2, _, _ = self._call(runner, args, limit)
-            if not judging.runtime_failure(v, facts2, where) and not (
-                    len(second) == len(outputs) and all(judging.same_bits(a, b) for a, b in zip(second, outputs))):
-                v.fail("nondeterministic", f"{where}: two calls on the same inputs gave different bits")
+        trial = _Trial(where, self._phase, inputs, outputs, record, limit, comparison)
+        if v.failure is not None:
+            judging.add_check(v, where, comparison)
+            return None
+        return trial
+
+    def _same_again(self, v: Verdict, runner: Child, trial: _Trial, args: tuple) -> bool:
+        """Call forward a second time on the same inputs: the bits must not change."""
+        second, facts, _, _ = runner.call(args, trial.limit)
+        if not judging.runtime_failure(v, facts, trial.where) and not (
+                len(second) == len(trial.outputs) and all(judging.same_bits(a, b) for a, b in zip(second, trial.outputs))):
+            v.fail("nondeterministic", f"{trial.where}: two calls on the same inputs gave different bits")
+        if v.failure is not None:
+            judging.add_check(v, trial.where, trial.comparison)
+        return v.failure is None
+
+    def _replay_outcome(self, v: Verdict, replayer: Child, trial: _Trial) -> float | None:
+        """Collect the replay started for `trial` (and replay once more if its bits differ: nondeterministic
+        or made outside the launches?), judge it, record the trial's check. Returns the replay's seconds,
+        None after a failure."""
+        phase, self._phase = self._phase, trial.phase
+        replays, seconds, after = [], 0.0, []
+        for attempt in range(2):
+            if attempt:
+                replayer.start_replay(trial.record, trial.inputs)
+            got, after, seconds, done = replayer.finish_replay(trial.limit)
+            if judging.runtime_failure(v, {"violations": done.get("violations"), "error": None}, trial.where):
+                break
+            if done.get("error"):
+                v.fail("untraceable", f"{trial.where}: the replay of its launches failed: {str(done['error'])[:300]}")
+                break
+            replays.append(got)
+            if len(got) == len(trial.outputs) and all(judging.same_bits(a, b) for a, b in zip(got, trial.outputs)):
+                break
         if v.failure is None:
-            replays, seconds = [], 0.0
-            for _ in range(2):
-                got, replay_after, seconds, done = self._replay(replayer, record, inputs, limit)
-                if judging.runtime_failure(v, {"violations": done.get("violations"), "error": None}, where):
-                    break
-                if done.get("error"):
-                    v.fail("untraceable", f"{where}: the replay of its launches failed: {str(done['error'])[:300]}")
-                    break
-                replays.append(got)
-                if all(judging.same_bits(a, b) for a, b in zip(got, outputs)) and len(got) == len(outputs):
-                    break
-            if v.failure is None:
-                judging.judge_replay(v, where, outputs, replays, inputs, replay_after)
-        judging.add_check(v, where, comparison)
+            judging.judge_replay(v, trial.where, trial.outputs, replays, trial.inputs, after)
+        judging.add_check(v, trial.where, trial.comparison)
+        self._phase = phase
         return seconds if v.failure is None else None
+
+    def _checked_call(self, v: Verdict, spec: OpSpec, runner: Child, replayer: Child, where: str,
+                      args: tuple, expected: Any) -> float | None:
+        """Call, judge, replay, judge the replay, one after the other (timing: nothing else runs meanwhile).
+        Returns the replay's seconds, None after a failure."""
+        runner.send_call(args)
+        trial = self._answer(v, spec, runner, where, args, expected)
+        if trial is None:
+            return None
+        replayer.start_replay(trial.record, trial.inputs)
+        return self._replay_outcome(v, replayer, trial)
 
     def _judge(self, spec: OpSpec, source: str, filename: str, plan: dict, v: Verdict, work: Path) -> None:
         runner, load = self._spawn("run", spec, source, filename, work / "runner")
@@ -282,15 +253,25 @@ class Sandbox:
             v.fail("untraceable", f"its kernels could not be rebuilt for the replay: {str(rload.get('error'))[:300]}")
             return
         v.stage = "correctness"
-        trials = plan["trials"]
+        # Pipelined: trial i is replayed while the runner computes trial i+1 (and the judge its reference).
+        trials, pending = plan["trials"], None
         for i, trial in enumerate(trials):
             where = judging.label(trial["shape"], trial["dtype"], trial["variant"])
             self._phase = f"trial {i + 1}/{len(trials)} ({where})"
             self.progress(self._phase)
             args = _make_inputs(spec, trial["shape"], trial["dtype"], trial["seed"], trial["variant"])
-            if self._checked_call(v, spec, runner, replayer, where, args, spec.reference(*args),
-                                  again=trial.get("determinism", False)) is None:
+            runner.send_call(args)
+            expected = spec.reference(*args)
+            if pending is not None and self._replay_outcome(v, replayer, pending) is None:
                 return
+            pending = self._answer(v, spec, runner, where, args, expected)
+            if pending is None:
+                return
+            replayer.start_replay(pending.record, pending.inputs)
+            if trial.get("determinism", False) and not self._same_again(v, runner, pending, args):
+                return
+        if pending is not None and self._replay_outcome(v, replayer, pending) is None:
+            return
         v.correct = True
         if plan["timing"]:
             v.stage = "timing"
@@ -324,7 +305,7 @@ class Sandbox:
             base_runner, load = self._spawn("run", spec, None, "baseline.py", work / "base-runner-2")
             base_replayer, rload = self._spawn("replay", spec, None, "baseline", work / "base-replayer-2")
         if not (load.get("ok") and rload.get("ok")):
-            raise _Refused("crash", f"the timing baseline ({base_label}) did not load: "
+            raise Refused("crash", f"the timing baseline ({base_label}) did not load: "
                            f"{str(load.get('error') or rload.get('error'))[:200]}")
         sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
         shape, dtype = timing["shape"], timing["dtype"]
@@ -343,7 +324,7 @@ class Sandbox:
                     target = v if side == "candidate" else Verdict(op=spec.name, device="", file="", sha256="")
                     seconds = self._checked_call(target, spec, *sides[side], where, args, expected)
                     if side == "baseline" and target.failure:
-                        raise _Refused("crash", f"the timing baseline ({base_label}) failed: {target.reason}")
+                        raise Refused("crash", f"the timing baseline ({base_label}) failed: {target.reason}")
                     if seconds is None:
                         return
                     samples[side].append(seconds)

@@ -89,11 +89,10 @@ def test_the_fork_server_never_initialises_cuda(tmp_path: Path) -> None:
     try:
         job = {"role": "replay", "op": "rmsnorm", "device": "cpu", "source": None, "filename": "baseline",
                "constants": {}, "memory_mb": 2048, "cpu_seconds": 60, "allow_exec": [], "confine": True}
-        child = Child(server, job, tmp_path / "scratch", 2048)
-        deadline = time.monotonic() + 120
-        ready, _ = child.receive(deadline)
+        child = Child(server, job, tmp_path / "scratch", 2048, time.monotonic() + 120)
+        ready, _ = child.receive()
         assert ready["type"] == "ready", ready
-        load, _ = child.receive(deadline)
+        load, _ = child.receive()
         assert load == {"type": "load", "ok": True, "tensors": []}, load
     finally:
         if child is not None:

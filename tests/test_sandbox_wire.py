@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 import socket
 import struct
 import time
@@ -120,3 +122,32 @@ def test_a_deeply_nested_header_is_a_protocol_error(pair) -> None:
     peer.sendall(_frame(b"[" * 200_000))
     with pytest.raises(wire.ProtocolError, match="RecursionError"):
         chan.receive(time.monotonic() + 5)
+
+
+def test_a_peer_that_stops_reading_cannot_block_the_writer(pair) -> None:
+    """A call bigger than the socket's buffer, sent to a process that never reads: the judge's
+    non-blocking end gives up at the deadline instead of blocking in write() for ever."""
+    chan, _ = pair
+    os.set_blocking(chan.write_fd, False)
+    t0 = time.monotonic()
+    with pytest.raises(wire.ChannelTimeout):
+        chan.send({"type": "call"}, [torch.zeros(4 << 20)], deadline=time.monotonic() + 0.6)
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_non_blocking_end_still_carries_whole_messages() -> None:
+    a, b = socket.socketpair()
+    try:
+        sender, reader = wire.Channel(a.fileno()), wire.Channel(b.fileno())
+        os.set_blocking(a.fileno(), False)
+        os.set_blocking(b.fileno(), False)
+        big = torch.arange(3 << 20, dtype=torch.float32)  # 12 MiB: many partial writes and reads
+        got = {}
+        t = threading.Thread(target=lambda: got.update(msg=reader.receive(time.monotonic() + 20, 1 << 30)))
+        t.start()
+        sender.send({"type": "call"}, [big], deadline=time.monotonic() + 20)
+        t.join(20)
+        assert torch.equal(got["msg"][1][0], big)
+    finally:
+        a.close()
+        b.close()

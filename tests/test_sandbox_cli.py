@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.cli import main
 from history import History
 from kernels.ops import get_op
 from kernels.registry import Registry
@@ -26,18 +27,29 @@ def agent(*args: str, env_home: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=240)
 
 
+def test_a_usage_error_is_one_line_and_exit_2_from_a_real_process(tmp_path: Path) -> None:
+    result = agent("check", "no_such_op", "x.py", env_home=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "unknown op" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
 @pytest.mark.parametrize("args, words", [
-    (["check", "no_such_op", "x.py"], "unknown op"),
     (["check", "rmsnorm", "/nonexistent/cand.py"], "no such file"),
     (["check", "rmsnorm", str(CANDIDATES / "control_rmsnorm_row.py"), "--shapes", "[1, 2]"], "--shapes"),
     (["check", "rmsnorm", str(CANDIDATES / "control_rmsnorm_row.py"), "--shapes", '[{"d": 3}]'], "keys"),
     (["check", "rmsnorm", str(CANDIDATES / "control_rmsnorm_row.py"), "--dtypes", "float8"], "unknown dtype"),
 ])
-def test_usage_errors_are_one_line_and_exit_2(args: list[str], words: str, tmp_path: Path) -> None:
-    result = agent(*args, env_home=tmp_path)
-    assert result.returncode == 2, result.stderr
-    assert words in result.stderr and "Traceback" not in result.stderr
-    assert result.stdout == ""
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], words: str, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """In-process (the process start is the test above): `agent.cli.main` returns or exits with 2."""
+    try:
+        code = main([*args, "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db")])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+    assert out == ""
 
 
 def test_a_directory_gives_one_verdict_per_file_and_the_last_line_is_json(tmp_path: Path) -> None:

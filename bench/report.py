@@ -82,12 +82,6 @@ def device_facts(device: str | torch.device) -> dict[str, str]:
     }
 
 
-@lru_cache(maxsize=None)
-def device_slug(device: str | torch.device) -> str:
-    """`cpu-interpreter`, `nvidia-h200-sm90`: the device part of a report's file name."""
-    return re.sub(r"[^a-z0-9]+", "-", device_fingerprint(device).lower()).strip("-")
-
-
 def format_value(value: Any) -> str:
     if value is None:
         return "—"
@@ -161,8 +155,12 @@ def write_report(
     notes: list[str] | str = (),
     out_dir: str | Path | None = None,
     interpreter_timings: bool = True,
+    facts: dict[str, str] | None = None,
 ) -> Path:
     """Write the report and return its path; `command` defaults to this process's argv.
+
+    `facts` replaces the device's own facts for reports about no device (e.g. compiled for a GPU
+    target on CPU: {"device": "sm90-compile", ...}); its "device" names the file.
 
     `interpreter_timings=False` for CPU benchmarks that time no Triton kernel (host overhead,
     torch ops): they get no interpreter banner.
@@ -170,10 +168,11 @@ def write_report(
     now = _dt.datetime.now().astimezone()
     out = Path(out_dir) if out_dir is not None else DEFAULT_OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{now:%Y-%m-%d}-{device_slug(device)}-{name}.md"
+    facts = facts or device_facts(device)
+    slug = re.sub(r"[^a-z0-9]+", "-", facts["device"].lower()).strip("-")
+    path = out / f"{now:%Y-%m-%d}-{slug}-{name}.md"
     if command is None:
         command = current_command()
-    facts = device_facts(device)
     lines = [f"# {title}", "", f"- date: {now:%Y-%m-%d %H:%M %Z}"]
     lines += [f"- {key}: {value}" for key, value in facts.items()]
     lines += [

@@ -115,6 +115,7 @@ class Child:
         self.log_fd = os.open(scratch.parent / f"{scratch.name}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self.memory_bytes = (memory_mb << 20) + _BASE_RSS
         self.deadline, self.busy_s = deadline, 0.0
+        self.role: str = job.get("role", "")
         job = {**job, "scratch": str(scratch)}
         try:
             if server is not None:

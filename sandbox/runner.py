@@ -172,7 +172,6 @@ class Sandbox:
                "cpu_seconds": int(self.options.timeout_s * 2) + 5, "allow_exec": list(self.executables),
                "confine": not self.options.unconfined}
         child = Child(self.server, job, scratch, self.options.memory_mb, self._deadline)
-        child.role = role
         self._children.append(child)
         ready = child.expect("ready")
         load = child.expect("load")

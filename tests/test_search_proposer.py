@@ -208,3 +208,26 @@ def test_seed_reorders_reproducibly():
     b = [p.label for p in SearchProposer(seed=1).propose(ctx, [], 10)]
     c = [p.label for p in SearchProposer(seed=0).propose(ctx, [], 10)]
     assert a == b and a != c
+
+
+def test_on_a_gpu_configs_that_do_not_fit_it_are_skipped(monkeypatch):
+    """On a GPU each pick is compiled for it first; a config with a problem (spills, too much shared
+    memory, no compile) is skipped and the next one taken, so n proposals still come back."""
+    from agent.proposers import search
+
+    checked = []
+
+    def problems(source, op, shapes, dtype, target):  # noqa: ANN001
+        checked.append((config(source), target))
+        return ["_tile_kernel: spills 672 bytes of registers on sm90"] if config(source)["template"] == "multirow" else []
+
+    monkeypatch.setattr(search, "triton_interpreted", lambda: False)
+    monkeypatch.setattr(search, "device_target", lambda: "sm90")
+    monkeypatch.setattr(search, "source_problems", problems)
+    sp = SearchProposer()
+    got = sp.propose(make_ctx("rmsnorm", device="cuda"), [], 6)
+    assert len(got) == 6 and all(config(p.source)["template"] != "multirow" for p in got)
+    assert sp.skipped and all("spills" in why for _, why in sp.skipped)
+    assert {t for _, t in checked} == {"sm90"}
+    again = sp.propose(make_ctx("rmsnorm", device="cuda"), [], 50)  # skipped configs are not retried
+    assert not {p.label for p in again} & {label for label, _ in sp.skipped}

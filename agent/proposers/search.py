@@ -18,7 +18,10 @@ Order of `propose`:
 4. then neighbours of the other anchors that were at least as fast as the current kernel (speedup >= 1);
 5. then the rest in the heuristic base order: each template's list (its most promising config, then
    that config's one-parameter changes, then two, ...), the templates interleaved round-robin so the
-   first picks cover every structure.
+   first picks cover every structure;
+6. on a GPU, each pick is first compiled for that GPU (kernels/target_compile.py, at the context's
+   two hottest shapes): a config that does not compile, spills registers or needs more shared memory
+   than the GPU has is skipped (listed in `skipped`) and the next one is taken.
 
 `seed` (0 = the plain heuristic order) reshuffles the base order reproducibly, for a second search
 that should not retrace the first. An exhausted space gives [].
@@ -27,6 +30,7 @@ that should not retrace the first. An exhausted space gives [].
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import random
 from collections import Counter
@@ -34,6 +38,12 @@ from typing import Any, Mapping, Sequence
 
 from agent.proposers.base import Proposal, TuneContext
 from agent.proposers.templates import config_of, module_for, parse_header
+from kernels.device import triton_interpreted
+from kernels.ops import get_op
+from kernels.spec import parse_dtype
+from kernels.target_compile import device_target, source_problems
+
+log = logging.getLogger(__name__)
 
 # Verdict failure codes that keep `correct: true`: they say nothing against the template.
 NOT_CORRECTNESS = frozenset({"not-faster", "impossible-speedup"})
@@ -76,6 +86,7 @@ class SearchProposer:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self._proposed: set[str] = set()
+        self.skipped: list[tuple[str, str]] = []  # (config label, why): configs that do not fit this GPU
 
     # -- the space ---------------------------------------------------------------------------------
 
@@ -151,10 +162,31 @@ class SearchProposer:
 
         ordered = [c for _, c in sorted(enumerate(candidates), key=rank)]
         out = []
-        for params, source, digest in ordered[:n]:
+        for params, source, digest in ordered:
+            if len(out) == n:
+                break
             self._proposed.add(digest)
+            if not self._fits_gpu(ctx, params, source):
+                continue
             out.append(Proposal(source=source, proposer=self.name, label=label_of(ctx.op, params)))
         return out
+
+    def _fits_gpu(self, ctx: TuneContext, params: dict[str, Any], source: str) -> bool:
+        """On a GPU, compile the config for this GPU first: one that spills, needs more shared memory
+        than the GPU has, or does not compile is skipped instead of costing a sandbox run."""
+        target = device_target() if ctx.device == "cuda" and not triton_interpreted() else None
+        if target is None:
+            return True
+        shapes = list(ctx.shapes[:2]) or list(get_op(ctx.op).engine_shapes[:1])
+        try:
+            problems = source_problems(source, ctx.op, shapes, parse_dtype(ctx.dtype), target)
+        except Exception as exc:  # noqa: BLE001  (the sandbox will say what is wrong; do not guess here)
+            log.info("search: compile check of %s failed (%s); proposing it anyway", label_of(ctx.op, params), exc)
+            return True
+        if problems:
+            self.skipped.append((label_of(ctx.op, params), problems[0]))
+            log.info("search: skipping %s on %s: %s", label_of(ctx.op, params), target, problems[0])
+        return not problems
 
     def _evidence(self, ctx: TuneContext, feedback: list[tuple[Proposal, dict]]
                   ) -> tuple[list[tuple[float, dict[str, Any]]], set[str]]:

@@ -150,11 +150,12 @@ def forward(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, kv_
     mid_lse = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
     # fp16/bf16 operands are exact in tf32; fp32 needs full-precision dots.
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    # fp32 (ieee) dots at head_dim 128 spill ~1 KB of registers with 4 warps on sm90 (bench.compile_targets).
     _stage1_kernel[(B, Hk * head_blocks, splits)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         Hq, G, D, NUM_SPLITS=splits, HEAD_BLOCKS=head_blocks, BLOCK_H=block_h, BLOCK_N=BLOCK_N,
-        BLOCK_D=block_d, PRECISION=precision, num_warps=4, num_stages=2,
+        BLOCK_D=block_d, PRECISION=precision, num_warps=8 if precision == "ieee" else 4, num_stages=2,
     )
     _stage2_kernel[(B, Hq)](
         mid_o, mid_lse, o, o.stride(0), o.stride(1), Hq, D,

@@ -1,0 +1,393 @@
+"""The static pre-check passes real kernel code whole.
+
+Excerpts in the style of Liger, SGLang, FlagGems and Unsloth, plus a contextlib-heavy and a
+dataclass/functools-heavy module, must all pass unchanged.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox.static_check import static_check
+from tests.sandbox_support import ARGS
+
+LIGER = '''
+import functools
+import torch
+import triton
+import triton.language as tl
+
+MAX_FUSED_SIZE = 65536
+
+
+def calculate_settings(n):
+    BLOCK_SIZE = triton.next_power_of_2(n)
+    if BLOCK_SIZE > MAX_FUSED_SIZE:
+        raise RuntimeError(f"Cannot launch Triton kernel since n = {n} exceeds {MAX_FUSED_SIZE}.")
+    num_warps = 4
+    if BLOCK_SIZE >= 32768:
+        num_warps = 32
+    elif BLOCK_SIZE >= 8192:
+        num_warps = 16
+    elif BLOCK_SIZE >= 2048:
+        num_warps = 8
+    return BLOCK_SIZE, num_warps
+
+
+def ensure_contiguous(fn):
+    @functools.wraps(fn)
+    def wrapper(ctx, *args, **kwargs):
+        def maybe_to_contiguous(x):
+            return x.contiguous() if isinstance(x, torch.Tensor) else x
+        args = [maybe_to_contiguous(arg) for arg in args]
+        kwargs = {k: maybe_to_contiguous(v) for k, v in kwargs.items()}
+        return fn(ctx, *args, **kwargs)
+    return wrapper
+
+
+@triton.jit
+def _rms_norm_forward_kernel(Y_ptr, Y_row_stride, X_ptr, X_row_stride, W_ptr, RSTD_ptr, n_cols, eps,
+                             BLOCK_SIZE: tl.constexpr):
+    row_idx = tl.program_id(0).to(tl.int64)
+    col_offsets = tl.arange(0, BLOCK_SIZE)
+    mask = col_offsets < n_cols
+    X_row = tl.load(X_ptr + row_idx * X_row_stride + col_offsets, mask=mask, other=0).to(tl.float32)
+    W_row = tl.load(W_ptr + col_offsets, mask=mask, other=0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(X_row * X_row, axis=0) / n_cols + eps)
+    tl.store(RSTD_ptr + row_idx, rstd)
+    tl.store(Y_ptr + row_idx * Y_row_stride + col_offsets, (X_row * rstd * W_row).to(Y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def rms_norm_forward(X, W, eps):
+    shape = X.shape
+    dim = shape[-1]
+    X = X.view(-1, dim)
+    n_rows, n_cols = X.shape
+    BLOCK_SIZE, num_warps = calculate_settings(n_cols)
+    Y = torch.empty((n_rows, n_cols), dtype=X.dtype, device=X.device)
+    RSTD = torch.empty(n_rows, dtype=torch.float32, device=X.device)
+    _rms_norm_forward_kernel[(n_rows,)](Y, Y.stride(0), X, X.stride(0), W, RSTD, n_cols, eps,
+                                        BLOCK_SIZE=BLOCK_SIZE, num_warps=num_warps)
+    return Y.view(*shape), X, RSTD, BLOCK_SIZE, num_warps
+
+
+class LigerRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    @ensure_contiguous
+    def forward(ctx, X, W, eps):
+        Y, X, RSTD, BLOCK_SIZE, num_warps = rms_norm_forward(X, W, eps)
+        ctx.eps = eps
+        ctx.BLOCK_SIZE = BLOCK_SIZE
+        ctx.num_warps = num_warps
+        ctx.save_for_backward(X, W, RSTD)
+        return Y
+
+    @staticmethod
+    @ensure_contiguous
+    def backward(ctx, dY):
+        X, W, RSTD = ctx.saved_tensors
+        raise NotImplementedError("inference only")
+
+
+def forward(x, weight, eps):
+    return LigerRMSNormFunction.apply(x, weight, eps)
+'''
+
+SGLANG = '''
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+_is_hip = torch.version.hip is not None
+_is_sm90 = (not _is_hip) and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+@triton.jit
+def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, d, BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_SIZE)
+    for start in range(0, d, BLOCK_SIZE):
+        cols = start + offs
+        mask = cols < d
+        gate = tl.load(gate_up_ptr + pid * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(gate_up_ptr + pid * stride_in + d + cols, mask=mask, other=0.0).to(tl.float32)
+        out = gate * tl.sigmoid(gate) * up
+        tl.store(out_ptr + pid * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    if out is None:
+        out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype, device=x.device)
+    if not x.is_contiguous():
+        logger.warning("silu_and_mul: non-contiguous input of stride %s", x.stride())
+        x = x.contiguous()
+    rows = x.numel() // x.shape[-1]
+    with torch.cuda.device(x.device):
+        _silu_and_mul_kernel[(rows,)](x, out, x.stride(-2), out.stride(-2), d,
+                                      BLOCK_SIZE=1024 if _is_sm90 else 512)
+    return out
+
+
+def forward(x):
+    logger.debug("silu_and_mul %s %s", tuple(x.shape), x.dtype)
+    return silu_and_mul(x)
+'''
+
+FLAGGEMS = '''
+import logging
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+logger = logging.getLogger(__name__)
+
+
+@triton.autotune(
+    configs=[triton.Config({"BLOCK_N": b}, num_warps=w, num_stages=s)
+             for b in (512, 1024, 2048) for w in (4, 8) for s in (1, 2)],
+    key=["N"],
+)
+@triton.jit
+def rms_norm_kernel(Y, X, W, y_stride_r, x_stride_r, N, eps, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    Y += pid * y_stride_r
+    X += pid * x_stride_r
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for off in range(0, N, BLOCK_N):
+        cols = off + tl.arange(0, BLOCK_N)
+        x = tl.load(X + cols, mask=cols < N, other=0.0).to(tl.float32)
+        acc += x * x
+    rrms = libdevice.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    for off in range(0, N, BLOCK_N):
+        cols = off + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + cols, (x * rrms * w).to(Y.dtype.element_ty), mask=mask)
+
+
+def forward(x, weight, eps):
+    logger.debug("GEMS RMS_NORM FORWARD")
+    N = math.prod(x.shape[-1:])
+    M = x.numel() // N
+    x = x.contiguous()
+    weight = weight.contiguous()
+    y = torch.empty_like(x)
+    with torch.cuda.device(x.device):
+        rms_norm_kernel[(M,)](y, x, weight, N, N, N, eps)
+    return y
+'''
+
+UNSLOTH = '''
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import libdevice
+
+MAX_FUSED_SIZE: int = 65536
+next_power_of_2 = triton.next_power_of_2
+triton_tanh = libdevice.tanh
+
+
+def calculate_settings(n: int) -> (int, int,):
+    BLOCK_SIZE: int = next_power_of_2(n)
+    if BLOCK_SIZE > MAX_FUSED_SIZE:
+        raise RuntimeError(f"Cannot launch Triton kernel since n = {n} exceeds the maximum CUDA blocksize.")
+    num_warps: int = 4
+    if BLOCK_SIZE >= 32768:
+        num_warps = 32
+    elif BLOCK_SIZE >= 8192:
+        num_warps = 16
+    elif BLOCK_SIZE >= 2048:
+        num_warps = 8
+    return BLOCK_SIZE, num_warps
+
+
+@triton.jit
+def _rms_layernorm_forward(Y, Y_row_stride, X, X_row_stride, W, r, n_cols, eps, BLOCK_SIZE: tl.constexpr):
+    row_idx = tl.program_id(0).to(tl.int64)
+    col_offsets = tl.arange(0, BLOCK_SIZE)
+    mask = col_offsets < n_cols
+    X_row = tl.load(X + row_idx * X_row_stride + col_offsets, mask=mask, other=0).to(tl.float32)
+    W_row = tl.load(W + col_offsets, mask=mask, other=0).to(tl.float32)
+    inv_var = tl.math.rsqrt(tl.sum(X_row * X_row, axis=0) / n_cols + eps)
+    tl.store(r + row_idx, inv_var)
+    tl.store(Y + row_idx * Y_row_stride + col_offsets, (X_row * inv_var * W_row).to(W_row.dtype), mask=mask)
+
+
+class Fast_RMS_Layernorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool = False):
+        shape = X.shape
+        dim: int = shape[-1]
+        X = X.view(-1, dim)
+        n_rows, n_cols = X.shape
+        BLOCK_SIZE, num_warps = calculate_settings(n_cols)
+        Y = torch.empty((n_rows, n_cols), dtype=X.dtype, device=X.device)
+        r = torch.empty(n_rows, dtype=torch.float32, device=X.device)
+        with torch.cuda.device(X.device):
+            _rms_layernorm_forward[(n_rows,)](Y, Y.stride(0), X, X.stride(0), W, r, n_cols, eps,
+                                              BLOCK_SIZE=BLOCK_SIZE, num_warps=num_warps)
+        ctx.eps = eps
+        ctx.BLOCK_SIZE = BLOCK_SIZE
+        ctx.num_warps = num_warps
+        ctx.GEMMA = gemma
+        ctx.save_for_backward(X, W, r)
+        return Y.view(*shape)
+
+    @staticmethod
+    def backward(ctx, dY: torch.Tensor):
+        X, W, r = ctx.saved_tensors
+        return None, None, None, None
+
+
+def forward(x, weight, eps):
+    return Fast_RMS_Layernorm.apply(x, weight, eps, False)
+'''
+
+CONTEXTLIB = '''
+import contextlib
+import logging
+from contextlib import contextmanager, nullcontext
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def device_guard(t):
+    if t.is_cuda:
+        with torch.cuda.device(t.device):
+            yield
+    else:
+        with nullcontext():
+            yield
+
+
+@contextlib.contextmanager
+def quiet():
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@triton.heuristics({"EVEN_N": lambda args: args["n"] % args["BLOCK"] == 0})
+@triton.jit
+def _scale_kernel(x_ptr, w_ptr, y_ptr, n, eps, BLOCK: tl.constexpr, EVEN_N: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, (x + eps).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def forward(x, weight, eps):
+    y = torch.empty_like(x)
+    n = x.numel()
+    with quiet(), device_guard(x):
+        _scale_kernel[(triton.cdiv(n, 1024),)](x, weight, y, n, eps, BLOCK=1024)
+    return y
+'''
+
+DATACLASS_CONFIG = '''
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import operator
+from dataclasses import dataclass, field
+from functools import lru_cache, partial, reduce
+from typing import Dict, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block: int
+    num_warps: int
+    grid: Tuple[int, ...] = ()
+
+
+@dataclass
+class ConfigCache:
+    entries: Dict[Tuple[int, str], LaunchConfig] = field(default_factory=dict)
+    hits: int = 0
+
+    def get(self, n: int, dtype: torch.dtype) -> Optional[LaunchConfig]:
+        found = self.entries.get((n, str(dtype)))
+        if found is not None:
+            self.hits += 1
+        return found
+
+    def put(self, n: int, dtype: torch.dtype, cfg: LaunchConfig) -> None:
+        self.entries[(n, str(dtype))] = cfg
+
+
+_CACHE = ConfigCache()
+
+
+@lru_cache(maxsize=None)
+def pick(n: int) -> LaunchConfig:
+    block = min(triton.next_power_of_2(n), 4096)
+    warps = max(1, min(16, block // 256))
+    return LaunchConfig(block=block, num_warps=warps, grid=(triton.cdiv(n, block),))
+
+
+@triton.jit
+def _row_kernel(x_ptr, w_ptr, y_ptr, stride, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / n + eps)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n
+        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    n = x.shape[-1]
+    cfg = _CACHE.get(n, x.dtype) or pick(n)
+    _CACHE.put(n, x.dtype, dataclasses.replace(cfg))
+    rows = reduce(operator.mul, x.shape[:-1], 1)
+    assert math.isfinite(eps) and all(s >= 0 for s in itertools.chain(x.shape, x.stride()))
+    x2 = x.reshape(rows, n) if x.is_contiguous() else x.contiguous().reshape(rows, n)
+    y = torch.empty_like(x2)
+    launch = partial(_row_kernel[(rows,)], num_warps=cfg.num_warps)
+    if rows and n:
+        launch(x2, weight, y, x2.stride(0), n, eps, BLOCK=cfg.block)
+    return y.view(x.shape)
+'''
+
+
+@pytest.mark.parametrize("source", [LIGER, SGLANG, FLAGGEMS, UNSLOTH, CONTEXTLIB, DATACLASS_CONFIG],
+                         ids=["liger", "sglang", "flaggems", "unsloth", "contextlib", "dataclass-config"])
+def test_real_code_passes(source: str) -> None:
+    args = ("x",) if source is SGLANG else ARGS
+    result = static_check(source, args)
+    assert result.ok, result.reason

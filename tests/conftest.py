@@ -46,3 +46,21 @@ def registry(tmp_path):
     from kernels.registry import Registry
 
     return Registry(tmp_path / "registry")
+
+
+@pytest.fixture(scope="session")
+def helper():
+    """One confinement helper process (tests/confine_harness.py) for the tests/test_sandbox_confine*.py files."""
+    from tests.confine_harness import Helper
+
+    h = Helper()
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="session")
+def ptxas() -> str:
+    """Triton's bundled ptxas for sm90."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(90).path

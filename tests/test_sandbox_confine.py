@@ -1,6 +1,6 @@
 """sandbox.confine: the kernel's confinement of a candidate's process, attacked from inside.
 
-Every probe runs in a child forked by one helper process per module (a fresh interpreter that has
+Every probe runs in a child forked by one helper process per test session (the `helper` fixture in conftest.py) (a fresh interpreter that has
 imported torch and triton but never entered an OpenMP region, and made itself non-dumpable, like the
 fork server): the child confines itself, runs the probe and reports over a pipe. Nothing needs a GPU:
 the key test compiles a Triton kernel to a cubin with the bundled ptxas inside the sandbox.
@@ -20,14 +20,7 @@ import threading
 import pytest
 
 from sandbox.confine import ConfinementError, Policy, confine, probe
-from tests.confine_harness import Helper, _refused
-
-
-@pytest.fixture(scope="module")
-def helper():
-    h = Helper()
-    yield h
-    h.close()
+from tests.confine_harness import _refused
 
 
 # ---- tests ----

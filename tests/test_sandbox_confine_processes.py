@@ -16,21 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import seccomp_bpf
-from tests.confine_harness import Helper, _refused
-
-
-@pytest.fixture(scope="module")
-def helper():
-    h = Helper()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def ptxas() -> str:
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    return get_ptxas(90).path
+from tests.confine_harness import _refused
 
 
 def test_no_processes_without_allow_exec(helper, tmp_path):

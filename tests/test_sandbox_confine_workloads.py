@@ -9,21 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.confine_harness import Helper, _refused
-
-
-@pytest.fixture(scope="module")
-def helper():
-    h = Helper()
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def ptxas() -> str:
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    return get_ptxas(90).path
+from tests.confine_harness import _refused
 
 
 def test_torch_after_confinement(helper, tmp_path):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from agent.proposers.base import TuneContext
-from agent.proposers.search import SearchProposer, neighbour_distance, sha256_text
+from agent.proposers.search import SearchProposer, neighbour_distance
+from kernels.registry.entry import sha256_text
 from agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config_of, module_for, parse_header
 from kernels.compare import check_impl
 from kernels.ops import get_op

@@ -29,7 +29,6 @@ that should not retrace the first. An exhausted space gives [].
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import random
@@ -40,6 +39,7 @@ from agent.proposers.base import Proposal, TuneContext
 from agent.proposers.templates import config_of, module_for, parse_header
 from kernels.device import triton_interpreted
 from kernels.ops import get_op
+from kernels.registry.entry import sha256_text
 from kernels.spec import parse_dtype
 from kernels.target_compile import device_target, source_problems
 
@@ -47,10 +47,6 @@ log = logging.getLogger(__name__)
 
 # Verdict failure codes that keep `correct: true`: they say nothing against the template.
 NOT_CORRECTNESS = frozenset({"not-faster", "impossible-speedup"})
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def label_of(op: str, params: Mapping[str, Any]) -> str:

@@ -1,8 +1,8 @@
 """sandbox.confine: the kernel's confinement of a candidate's process, attacked from inside.
 
-Every probe runs in a child forked by one helper process per test session (the `helper` fixture in conftest.py) (a fresh interpreter that has
-imported torch and triton but never entered an OpenMP region, and made itself non-dumpable, like the
-fork server): the child confines itself, runs the probe and reports over a pipe. Nothing needs a GPU:
+Every probe runs in a child forked by one helper process per test session (the `helper` fixture in
+conftest.py: a fresh interpreter that has imported torch and triton but never entered an OpenMP
+region, and made itself non-dumpable, like the fork server): the child confines itself, runs the probe and reports over a pipe. Nothing needs a GPU:
 the key test compiles a Triton kernel to a cubin with the bundled ptxas inside the sandbox.
 
 This file: the probe, policy checks, the facts confine reports, files and the network. Processes,

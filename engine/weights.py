@@ -110,7 +110,11 @@ def init_random_weights(model: LlamaModel, seed: int = 0) -> None:
     """Seeded random weights at a realistic scale (benchmarks of model shapes without a checkpoint)."""
     g = torch.Generator(device=model.device).manual_seed(seed)
     for name, tensor in model.parameters().items():
+        # Drawn in float32 and then rounded, so a bf16 engine and its float32 reference (the gate's
+        # ground truth) hold the same weights up to rounding.
+        values = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
         if tensor.dim() == 1:  # norm weights
-            tensor.normal_(1.0, 0.1, generator=g)
+            values.normal_(1.0, 0.1, generator=g)
         else:
-            tensor.normal_(0.0, tensor.shape[1] ** -0.5, generator=g)
+            values.normal_(0.0, tensor.shape[1] ** -0.5, generator=g)
+        tensor.copy_(values)

@@ -23,6 +23,7 @@ class LoopContext:
     device: str = "cpu"
     model: str | None = None             # model directory; None: the embedded model
     remote: RemoteEngine | None = None   # tune a serving engine over HTTP instead of an in-process one
+    random_weights: bool = False         # a shapes-only model directory (no weights): seeded random weights
     gate: GateConfig = field(default_factory=GateConfig)
     progress: Callable[[str], None] = lambda message: None
     _engine: Engine | None = None
@@ -35,14 +36,17 @@ class LoopContext:
         if self._engine is None:
             self.progress(f"starting the engine ({self.model or 'embedded model'}, {self.device}, registry kernels)")
             self._engine = Engine(EngineConfig(model=self.model, device=self.device, kernels="registry",
-                                               registry=str(self.registry.path)))
+                                               registry=str(self.registry.path), random_weights=self.random_weights))
         return self._engine
 
     @property
     def reference(self) -> Engine:
-        """The same model with float32 torch ops: the gate's ground truth."""
+        """The same model (same seeded weights) with float32 torch ops: the gate's ground truth. Never
+        captured into CUDA graphs: the reference ops sync with the host (decode attention reads lengths)."""
         if self._reference is None:
-            self._reference = Engine(EngineConfig(model=self.model, device=self.device, kernels="reference"))
+            self._reference = Engine(EngineConfig(model=self.model, device=self.device, kernels="reference",
+                                                  dtype="float32", cuda_graphs=False,
+                                                  random_weights=self.random_weights))
         return self._reference
 
     # -- the engine being tuned: in-process, or remote -------------------------------------------

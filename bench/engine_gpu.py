@@ -34,12 +34,20 @@ LLAMA3_8B = {
 
 
 def write_model_dir(path: Path, config: dict) -> Path:
-    """config.json plus a word-level tokenizer; the weights come from EngineConfig(random_weights=True)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """config.json plus a byte-level tokenizer; the weights come from EngineConfig(random_weights=True).
+
+    Every byte of any text is a token of its own (ids 0-255; the rest of the vocabulary is filler), so
+    the profile's and the gate's prompts are distinct token sequences: with a word-level vocabulary of
+    made-up words every real prompt was unknown words, all token 0, and the prefix cache made them one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     (path / "config.json").write_text(json.dumps(config))
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(config["vocab_size"])}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab.update({f"<filler{i}>": i for i in range(len(vocab), config["vocab_size"])})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     tok.save(str(path / "tokenizer.json"))
     return path
 

@@ -156,3 +156,23 @@ def test_dispatch_overhead_benchmark_runs_and_reports(tmp_path):
     for name in OPS:
         assert f"| {name} |" in report
     assert "overhead ns" in report
+
+
+def test_the_gpu_benches_shapes_only_model_tells_prompts_apart(tmp_path):
+    """bench.engine_gpu's model directory (used by profile-gpu and tune-gpu): a byte-level tokenizer,
+    so different prompts are different tokens (not all the unknown token, which the prefix cache
+    would then serve as one prompt), and a random-weight engine runs on it."""
+    from agent.gate import GATE_PROMPTS, prompt_ids
+    from bench.engine_gpu import LLAMA3_8B, write_model_dir
+    from engine.engine import Engine, EngineConfig
+
+    tiny = {**LLAMA3_8B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+            "bos_token_id": 300, "eos_token_id": 301}
+    model_dir = write_model_dir(tmp_path, tiny)
+    engine = Engine(EngineConfig(model=str(model_dir), random_weights=True, kv_cache_bytes=8 << 20))
+    prompts = prompt_ids(engine, GATE_PROMPTS)
+    assert len({tuple(p) for p in prompts}) == len(GATE_PROMPTS)
+    for ids in prompts:
+        assert len(set(ids)) > 3 and all(0 <= i < 512 for i in ids)
+    assert engine.tokenizer.decode(engine.tokenizer.encode("What is 2+2?")) == "What is 2+2?"

@@ -98,3 +98,15 @@ def make_plan(spec: OpSpec, options: CheckOptions, seed: int) -> dict[str, Any]:
         timing = {"shape": timing_shape(spec, options), "dtype": timing_dtype(spec, options),
                   "rounds": [[rng.randrange(1 << 62) for _ in range(calls)] for _ in range(rounds)]}
     return {"trials": trials, "timing": timing}
+
+
+def harness_memory_mb(spec: OpSpec, plan: dict[str, Any], device: str) -> int:
+    """Memory a sandboxed process needs for the harness itself, on top of the candidate's allowance:
+    each call's tensors arrive over the channel and go back out (inputs and outputs, host copies of
+    GPU tensors), and on CUDA the context's own host memory. At GPU timing shapes this is gigabytes
+    (silu_mul at 8192 x 28672 moves about 1.4 GB a call), which must not count against the candidate."""
+    cases = [(t["shape"], t["dtype"]) for t in plan["trials"]]
+    if plan.get("timing"):
+        cases.append((plan["timing"]["shape"], plan["timing"]["dtype"]))
+    most = max((spec.cost(shape, parse_dtype(dtype)).bytes for shape, dtype in cases), default=0)
+    return (3 * most >> 20) + (1024 if device == "cuda" else 0)

@@ -41,7 +41,7 @@ from sandbox.children import Child, MemoryExceeded, Refused
 from sandbox.executables import cuda_executables
 from sandbox.forkserver import ForkServer
 from sandbox.options import CheckOptions
-from sandbox.plan import make_plan, master_seed
+from sandbox.plan import harness_memory_mb, make_plan, master_seed
 from sandbox.roofline import copy_bandwidth
 from sandbox.static_check import static_check
 from sandbox.verdict import Verdict
@@ -128,6 +128,7 @@ class Sandbox:
                 return v
         v.stage = "load"
         plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
+        self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
         work = Path(tempfile.mkdtemp(prefix="kernelloop-sandbox-"))
         self._deadline, self._phase, self._children = start + self.options.timeout_s, "starting", []
         self._start_s = 0.0
@@ -136,7 +137,8 @@ class Sandbox:
         except wire.ChannelTimeout:
             v.fail("timeout", f"no verdict within {self.options.timeout_s:g} s (during {self._phase})")
         except MemoryExceeded:
-            v.fail("memory", f"memory limit of {self.options.memory_mb} MiB exceeded (during {self._phase})")
+            v.fail("memory", f"memory limit of {self.options.memory_mb} MiB (+{self._memory_mb - self.options.memory_mb} "
+                   f"MiB for the harness) exceeded (during {self._phase})")
         except wire.ChannelClosed as exc:
             died = getattr(exc, "child", None)
             how = died.death() if died is not None else "it closed its channel"
@@ -168,10 +170,10 @@ class Sandbox:
         """Start a sandboxed process; returns it and its "load" message (after "ready")."""
         t0 = time.monotonic()
         job = {"role": role, "op": spec.name, "device": self.options.device, "source": source, "filename": filename,
-               "constants": constants or {}, "memory_mb": self.options.memory_mb,
+               "constants": constants or {}, "memory_mb": self._memory_mb,
                "cpu_seconds": int(self.options.timeout_s * 2) + 5, "allow_exec": list(self.executables),
                "confine": not self.options.unconfined}
-        child = Child(self.server, job, scratch, self.options.memory_mb, self._deadline)
+        child = Child(self.server, job, scratch, self._memory_mb, self._deadline)
         self._children.append(child)
         ready = child.expect("ready")
         load = child.expect("load")

@@ -8,7 +8,7 @@ import torch
 from kernels.ops import get_op
 from sandbox.judge import judge_call, judge_replay, judge_timing, speedup_interval
 from sandbox.options import CheckOptions
-from sandbox.plan import make_plan
+from sandbox.plan import harness_memory_mb, make_plan
 from sandbox.verdict import Verdict
 
 SPEC = get_op("rmsnorm")
@@ -131,3 +131,16 @@ def test_plan_uses_secret_seeds_the_ops_battery_and_repeats() -> None:
     timed = [s for r in a["timing"]["rounds"] for s in r]
     assert len(set(timed)) == len(timed)  # every timed call has inputs of its own
     assert make_plan(SPEC, CheckOptions(timing=False), 1)["timing"] is None
+
+
+def test_the_harness_memory_grows_with_the_planned_shapes_not_against_the_candidate() -> None:
+    """At a GPU timing shape the harness itself holds gigabytes (the call's tensors both ways, host
+    copies): that is added to the candidate's allowance instead of being charged to it."""
+    silu = get_op("silu_mul")
+    small = make_plan(silu, CheckOptions(), 1)
+    big = make_plan(silu, CheckOptions(device="cuda", timing_shape={"tokens": 8192, "d": 28672},
+                                       timing_dtype="bfloat16"), 1)
+    assert harness_memory_mb(silu, small, "cpu") < 16
+    # at least the timing call: inputs 8192 x 57344 bf16 (940 MB) + output (470 MB), three times over,
+    # plus the CUDA context (the CUDA battery's fp32 engine shapes can need more)
+    assert harness_memory_mb(silu, big, "cuda") > 3 * 1400 + 1024

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# bench/gpu_check.sh OUT_DIR: the project's single GPU entry point.
+# bench/gpu_check.sh [--rehearse] OUT_DIR: the project's single GPU entry point.
+#
+# --rehearse: on a machine without a GPU (CI runs it), the parts of the run that can fail before any
+# GPU time: every import the steps need (bench/preflight.py, versions printed), collection of every
+# gpu-marked test, and every baseline and search-template kernel compiled for sm90 (bench.compile_targets
+# --check). Still to come (issue #11): each step's own Python path on CPU with tiny shapes.
 #
 # Runs every GPU-marked test and every GPU benchmark, each step under `timeout`, carries on past a
 # failing step, writes logs/junit/reports into OUT_DIR, prints a summary table last and exits
@@ -12,8 +17,13 @@
 
 set -uo pipefail
 
+REHEARSE=0
+if [[ "${1:-}" == "--rehearse" ]]; then
+    REHEARSE=1
+    shift
+fi
 if [[ $# -ne 1 ]]; then
-    echo "usage: bench/gpu_check.sh OUT_DIR" >&2
+    echo "usage: bench/gpu_check.sh [--rehearse] OUT_DIR" >&2
     exit 2
 fi
 mkdir -p "$1" || exit 2
@@ -26,30 +36,35 @@ export PYTHONUNBUFFERED=1
 START=$(date +%s)
 
 # ---- preflight: a GPU must be visible, to nvidia-smi and to torch -------------------------------
-if [[ -n "${TRITON_INTERPRET:-}" && "${TRITON_INTERPRET}" != "0" ]]; then
-    echo "gpu_check: unsetting TRITON_INTERPRET=${TRITON_INTERPRET} (this run compiles kernels for the GPU)"
-    unset TRITON_INTERPRET
-fi
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "gpu_check: no GPU: nvidia-smi is missing or sees no device; nothing to check" >&2
-    exit 1
-fi
-if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "gpu_check: no GPU: torch.cuda.is_available() is False for $PYTHON; nothing to check" >&2
-    exit 1
-fi
-{
-    echo "== device facts"
-    nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
-        --format=csv
-    "$PYTHON" - <<'EOF'
+if ((REHEARSE)); then
+    echo "gpu_check: rehearsal on CPU (nothing here runs on or times a GPU)"
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee "$OUT_DIR/device.txt"
+else
+    if [[ -n "${TRITON_INTERPRET:-}" && "${TRITON_INTERPRET}" != "0" ]]; then
+        echo "gpu_check: unsetting TRITON_INTERPRET=${TRITON_INTERPRET} (this run compiles kernels for the GPU)"
+        unset TRITON_INTERPRET
+    fi
+    if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+        echo "gpu_check: no GPU: nvidia-smi is missing or sees no device; nothing to check" >&2
+        exit 1
+    fi
+    if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        echo "gpu_check: no GPU: torch.cuda.is_available() is False for $PYTHON; nothing to check" >&2
+        exit 1
+    fi
+    {
+        echo "== device facts"
+        nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+            --format=csv
+        "$PYTHON" - <<'EOF'
 import platform, torch, triton
 p = torch.cuda.get_device_properties(0)
 print(f"torch {torch.__version__} (cuda {torch.version.cuda}), triton {triton.__version__}, python {platform.python_version()}")
 print(f"{p.name}: sm{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
 EOF
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo ' + uncommitted changes')"
-} 2>&1 | tee "$OUT_DIR/device.txt"
+        echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo ' + uncommitted changes')"
+    } 2>&1 | tee "$OUT_DIR/device.txt"
+fi
 
 STAMP="$OUT_DIR/.gpu_check_started"  # reports newer than this were written by this run
 touch "$STAMP"
@@ -88,12 +103,17 @@ step() {  # step NAME TIMEOUT_S CMD [ARGS...]
 }
 
 # One line per step; keep the sum of timeouts under BUDGET_S.
-step pytest-gpu 100 env KERNELLOOP_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
-step baselines 90 "$PYTHON" -m bench.baselines --device cuda --strict --time-budget-s 60 --out-dir "$OUT_DIR"
-step engine-decode 100 "$PYTHON" -m bench.engine_gpu --out-dir "$OUT_DIR"
-step sandbox-gpu 80 "$PYTHON" -m bench.sandbox_gpu --out-dir "$OUT_DIR"
-step profile-gpu 80 "$PYTHON" -m bench.profile_gpu --out-dir "$OUT_DIR"
-step tune-gpu 90 "$PYTHON" -m bench.tune_gpu --out-dir "$OUT_DIR"
+step preflight 60 "$PYTHON" -m bench.preflight
+if ((REHEARSE)); then
+    step pytest-gpu-collect 120 env KERNELLOOP_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu --collect-only -q -p no:cacheprovider
+    step compile-sm90 420 "$PYTHON" -m bench.compile_targets --targets sm90 --check --out-dir "$OUT_DIR"
+fi
+((REHEARSE)) || step pytest-gpu 100 env KERNELLOOP_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
+((REHEARSE)) || step baselines 90 "$PYTHON" -m bench.baselines --device cuda --strict --time-budget-s 60 --out-dir "$OUT_DIR"
+((REHEARSE)) || step engine-decode 100 "$PYTHON" -m bench.engine_gpu --out-dir "$OUT_DIR"
+((REHEARSE)) || step sandbox-gpu 80 "$PYTHON" -m bench.sandbox_gpu --out-dir "$OUT_DIR"
+((REHEARSE)) || step profile-gpu 80 "$PYTHON" -m bench.profile_gpu --out-dir "$OUT_DIR"
+((REHEARSE)) || step tune-gpu 90 "$PYTHON" -m bench.tune_gpu --out-dir "$OUT_DIR"
 
 # ---- collect reports written during this run, then the summary (printed last) ---------------------
 if [[ -d docs/benchmarks ]]; then

@@ -110,6 +110,17 @@ def test_gpu_check_script_parses_and_is_executable():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_gpu_check_needs_a_gpu_unless_rehearsing(tmp_path):
+    """Without a GPU a real run stops at once (exit 1, nothing run); `--rehearse` without a folder is
+    a usage error. (CI runs the whole rehearsal: .ci/run.)"""
+    script = str(REPO / "bench" / "gpu_check.sh")
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHON": sys.executable}
+    real = subprocess.run(["bash", script, str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
+    assert real.returncode == 1 and "no GPU" in real.stderr and "=== [" not in real.stdout
+    usage = subprocess.run(["bash", script, "--rehearse"], capture_output=True, text=True, env=env, timeout=60)
+    assert usage.returncode == 2 and "usage: bench/gpu_check.sh [--rehearse] OUT_DIR" in usage.stderr
+
+
 @pytest.mark.gpu
 def test_cuda_timing_rmsnorm_and_copy_bandwidth():
     spec = kernels.get_op("rmsnorm")

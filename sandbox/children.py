@@ -116,6 +116,7 @@ class Child:
         self.memory_bytes = (memory_mb << 20) + _BASE_RSS
         self.deadline, self.busy_s = deadline, 0.0
         self.role: str = job.get("role", "")
+        self.device: str = job.get("device", "cpu")
         job = {**job, "scratch": str(scratch)}
         try:
             if server is not None:
@@ -195,7 +196,10 @@ class Child:
         self.send({"type": "go"})
 
     def finish_replay(self, limit: int) -> tuple[list, list, float, dict]:
-        """(outputs, inputs afterwards, seconds from "go" until every output byte arrived, "done")."""
+        """(outputs, inputs afterwards, seconds, "done"). The seconds: on CUDA the replayer's event time
+        (no candidate Python runs in a CUDA replayer); on CPU the judge's own clock, from "go" until
+        every output byte arrived (a CPU replayer interprets the candidate's kernels: its word counts
+        for nothing)."""
         done, got = self.receive(limit)
         wall = time.perf_counter() - self._go_at
         if done["type"] == "error":
@@ -206,7 +210,9 @@ class Child:
         if not 0 <= n <= len(got) or len(got) - n != self._n_inputs:
             raise wire.ProtocolError("replay outputs with the wrong number of tensors")
         self.busy_s += time.monotonic() - self._sent_at
-        return got[:n], got[n:], wall, done
+        elapsed = done.get("elapsed_s")
+        seconds = float(elapsed) if self.device == "cuda" and type(elapsed) in (int, float) else wall
+        return got[:n], got[n:], seconds, done
 
     def death(self) -> str:
         """How the process ended, once its channel closed: 'exit status N' or 'killed by signal X'."""

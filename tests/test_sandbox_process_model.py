@@ -123,3 +123,29 @@ def test_a_sandboxed_process_compiles_for_sm90_and_starts_nothing_else(tmp_path:
     assert result["sh"] != "ran" and any("sh" in v for v in result["violations"]), result
     assert not any("ptxas" in v for v in result["violations"]), result
 
+
+
+@pytest.mark.parametrize("device, expected", [("cuda", 0.25), ("cpu", None)])
+def test_replay_seconds_are_cuda_events_on_cuda_and_the_judges_clock_on_cpu(device: str, expected) -> None:  # noqa: ANN001
+    """A CUDA replayer runs no candidate Python, so its event time is the measurement; a CPU replayer
+    interprets the candidate's kernels, so what it reports is ignored for the judge's own clock."""
+    import socket
+
+    import torch
+
+    from sandbox import wire
+
+    ours, theirs = socket.socketpair()
+    try:
+        child = Child.__new__(Child)  # the protocol only: no process behind it
+        child.chan, child.deadline, child.device, child.busy_s = wire.Channel(ours.fileno()), time.monotonic() + 5, device, 0.0
+        child._check_memory = lambda: None
+        child._sent_at, child._n_inputs, child._go_at = time.monotonic(), 1, time.perf_counter()
+        out, after = torch.ones(3), torch.zeros(2)
+        wire.Channel(theirs.fileno()).send({"type": "done", "elapsed_s": 0.25, "outputs": 1}, [out, after])
+        got, inputs_after, seconds, done = child.finish_replay(1 << 20)
+        assert torch.equal(got[0], out) and torch.equal(inputs_after[0], after) and done["elapsed_s"] == 0.25
+        assert seconds == expected if expected is not None else 0 <= seconds < 0.25
+    finally:
+        ours.close()
+        theirs.close()

@@ -25,6 +25,7 @@ import io
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterator
 
 from kernels.errors import KernelloopError
@@ -135,6 +136,16 @@ def meta_inputs(spec: Any, shape: dict[str, int], dtype: Any) -> tuple:
         torch.randn = real
 
 
+@lru_cache(maxsize=None)
+def _backend(target: str) -> tuple[Any, Any]:
+    """(GPUTarget, Triton's compiler backend) for a target name; made once per target."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    gpu = GPUTarget("cuda", TARGETS[target], 32)
+    return gpu, make_backend(gpu)
+
+
 def specialise(launch: Launch, backend: Any) -> tuple[dict[str, str], dict[str, Any], dict[tuple, list], dict[str, int]]:
     """(signature, constexprs, attrs, options) as Triton's JIT derives them from the call's arguments."""
     from triton.runtime.jit import native_specialize_impl
@@ -178,11 +189,8 @@ def compile_launch(launch: Launch, target: str) -> CompileResult:
     """Compile one captured launch for `target` (e.g. 'sm90'); never raises for a kernel's own errors."""
     import triton
     from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
 
-    gpu = GPUTarget("cuda", TARGETS[target], 32)
-    backend = make_backend(gpu)
+    gpu, backend = _backend(target)
     signature, constexprs, attrs, options = specialise(launch, backend)
     result = CompileResult(launch.name, target, {k: v for k, v in constexprs.items() if not callable(v)},
                            options.get("num_warps", 4), options.get("num_stages", 3))
@@ -209,11 +217,7 @@ def compile_launch(launch: Launch, target: str) -> CompileResult:
 
 def launch_key(launch: Launch) -> str:
     """Identity of what a launch compiles to, on one target (kernels with equal keys build one cubin)."""
-    from triton.compiler.compiler import make_backend
-    from triton.backends.compiler import GPUTarget
-
-    backend = make_backend(GPUTarget("cuda", 90, 32))
-    signature, constexprs, attrs, options = specialise(launch, backend)
+    signature, constexprs, attrs, options = specialise(launch, _backend("sm90")[1])
     return repr((launch.kernel.fn.__module__, launch.kernel.fn.__qualname__, id(launch.kernel), sorted(signature.items()),
                  sorted((k, repr(v)) for k, v in constexprs.items()), sorted(attrs.items()), sorted(options.items())))
 

@@ -45,9 +45,10 @@ def verify_registry(registry: Registry, history: History, device: str, *, rollba
         for entry in entries:
             get_op(entry.op)
             shape = bucket_shape(entry)
-            options = CheckOptions(device=device, registry=Path(empty) / "none", timing_shape=shape,
-                                   timing_dtype=entry.dtype, shapes=(shape,) if shape else (), min_gain=0.0,
-                                   timeout_s=timeout_s)
+            # an entry serves only its own dtype, so that is the dtype re-checked
+            options = CheckOptions(device=device, registry=Path(empty) / "none", dtypes=(entry.dtype,),
+                                   timing_shape=shape, timing_dtype=entry.dtype, shapes=(shape,) if shape else (),
+                                   min_gain=0.0, timeout_s=timeout_s)
             progress(f"verifying {entry.id} ({entry.op} {entry.dtype} [{entry.bucket}])")
             with Sandbox(options) as sandbox:
                 verdict = sandbox.judge_source(entry.op, registry.source(entry), entry.id).to_json()

@@ -7,6 +7,7 @@ interpreter; proposers are scripted (a fixed list, or the LLM proposer against a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,11 @@ def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: 
     assert sorted(a["failure"] or "accepted" for a in attempts) == ["accepted", "mismatch"]
     run = history.runs(limit=1)[0]
     assert run["status"] == "winner" and run["finished_at"]
+    # the entry serves the profiled dtype only, and that is the dtype the battery checked
+    checks = [c["name"] for c in history.candidate(state["winner"]["candidate_id"])["verdicts"][-1]["checks"]]
+    others = {"float32", "float16", "bfloat16"} - {state["dtype"], entries[0].dtype}
+    assert any(re.search(rf"\b{state['dtype']}\b", n) for n in checks), checks
+    assert not [n for n in checks for o in others if re.search(rf"\b{o}\b", n)], checks
     history.close()
 
 

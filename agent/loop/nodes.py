@@ -96,7 +96,9 @@ class Nodes:
         if previous:  # judged before a crash: the verdict stands, the candidate is not judged twice
             verdict = previous[-1]
         else:
-            options = CheckOptions(device=self.settings.device, registry=ctx.registry.path,
+            # The committed entry serves only the profiled dtype (entries are per op, device, dtype,
+            # bucket), so the battery checks that dtype: a third of the interpreter's time.
+            options = CheckOptions(device=self.settings.device, registry=ctx.registry.path, dtypes=(state["dtype"],),
                                    shapes=tuple(state["shapes"]), timing_shape=state["shapes"][0],
                                    timing_dtype=state["dtype"], min_gain=self.settings.min_gain,
                                    timeout_s=self.settings.sandbox_timeout_s)

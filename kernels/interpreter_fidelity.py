@@ -17,15 +17,18 @@ specific members of `triton.runtime.interpreter` (Triton 3.x; checked by name an
   to/from bf16 with round-to-nearest-even (loads/stores/`.to()`/constants all go through it);
   `binary_op`, `unary_op`, `create_fma`, `create_clampf` compute bf16 operands in fp32 and round
   each result back (what compiled Triton does per op); comparisons return int1.
-  `create_dot` multiplies bf16 blocks with fp32 accumulation; `ReduceOps.sum` (bf16 and fp16)
+  `create_dot` multiplies bf16 blocks with fp32 accumulation, and rounds fp32 operands to TF32
+  (10 mantissa bits, round to nearest, ties away, as cvt.rna.tf32.f32) when input_precision is tf32,
+  Triton's default: a kernel that leaves fp32 dots at the default loses precision on CPU as it would
+  on a GPU, so the float32 tolerance catches it before any GPU time; `ReduceOps.sum` (bf16 and fp16)
   adds pairwise in a tree, rounding every partial sum to the input dtype as a GPU reduction does;
   `ReduceOps.min_max` (max/min/argmax/argmin) compares bf16 by value; `ScanOps.cumsum/cumprod`
   (bf16, fp16) round every step.
 
 Still different from compiled Triton (documented in docs/interpreter.md):
-* tl.dot: fp32 inputs are multiplied in full fp32 even when input_precision is tf32/tf32x3 (a GPU
-  rounds operands to tf32), accumulation order is BLAS's, fp8 dots go through fp16, and
-  max_num_imprecise_acc is ignored.
+* tl.dot: fp32 inputs under tf32x3/bf16x3/bf16x6 are multiplied in full fp32 (a GPU's split
+  products come within a few fp32 ulps), accumulation order is BLAS's, fp8 dots go through fp16,
+  and max_num_imprecise_acc is ignored.
 * Summation order of reductions is a pairwise tree, not the GPU's per-thread / warp-shuffle order.
 * libdevice approximations (`fast_expf`, `fast_fdividef`, ...) are computed exactly; directed
   rounding variants (`*_rz`, `*_ru`, `*_rd` arithmetic), `brev`, `byte_perm`, `mul24`, `rcp64h`,
@@ -137,6 +140,15 @@ def _f32_to_bf16(x: Any) -> np.ndarray:
     return np.where(np.isnan(x), ((b >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16), rounded)
 
 
+def _f32_to_tf32(x: Any) -> np.ndarray:
+    """fp32 rounded to TF32's 10 mantissa bits (nearest, ties away from zero), still stored as fp32;
+    inf and NaN unchanged, a finite value past TF32's largest rounds to inf."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    b = x.view(np.uint32)
+    rounded = ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(np.isfinite(x), rounded, x)
+
+
 def _is_bf16(handle: Any) -> bool:
     return handle.data.dtype.char == "H" and getattr(handle.dtype, "name", "") == "bf16"  # uint16 bits
 
@@ -162,6 +174,7 @@ def _bf16_builder(interp: Any, tl: Any) -> list[tuple[Any, str, Any]]:
     TH, B = interp.TensorHandle, interp.InterpreterBuilder
     orig_cast, orig_binary, orig_unary = B.cast_impl, B.binary_op, B.unary_op
     orig_fma, orig_clamp, orig_dot = B.create_fma, B.create_clampf, B.create_dot
+    tf32 = interp._ir.INPUT_PRECISION.TF32
 
     def cast_impl(self, src, dst_type):
         dst = dst_type.scalar
@@ -202,6 +215,11 @@ def _bf16_builder(interp: Any, tl: Any) -> list[tuple[Any, str, Any]]:
         return TH(_f32_to_bf16(out), arg.dtype.scalar)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == tf32 and a.data.dtype == np.float32 and b.data.dtype == np.float32:
+            # What tensor cores do with fp32 operands under TF32 (Triton's default precision):
+            # round each operand to 10 mantissa bits first; the products accumulate in fp32.
+            a, b = TH(_f32_to_tf32(a.data), a.dtype.scalar), TH(_f32_to_tf32(b.data), b.dtype.scalar)
+            return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         if not (_is_bf16(a) or _is_bf16(b) or _is_bf16(d)):
             return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         af, bf, df = (_bf16_to_f32(h.data) if _is_bf16(h) else h.data.astype(np.float32) for h in (a, b, d))

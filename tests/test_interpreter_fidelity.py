@@ -250,6 +250,59 @@ def test_bf16_dot_raw_interpreter_fails(raw):
     assert _fails(_bf16_dot_ok)
 
 
+@triton.jit
+def _fp32_dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, PRECISION: tl.constexpr):
+    m, k, n = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(a_ptr + m[:, None] * K + k[None, :])
+    b = tl.load(b_ptr + k[:, None] * N + n[None, :])
+    if PRECISION == "default":
+        c = tl.dot(a, b)  # Triton's default for fp32 operands: tf32
+    else:
+        c = tl.dot(a, b, input_precision=PRECISION)
+    tl.store(c_ptr + m[:, None] * N + n[None, :], c)
+
+
+def _fp32_dot(precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(16, 64, generator=g), torch.randn(64, 16, generator=g)
+    c = torch.empty(16, 16)
+    _fp32_dot_kernel[(1,)](a, b, c, M=16, K=64, N=16, PRECISION=precision)
+    return a, b, c
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:  # round to nearest, ties away, 10 mantissa bits
+    bits = t.view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("precision", ["default", "tf32"])
+def test_fp32_dot_under_tf32_rounds_the_operands_as_tensor_cores_do(precision):
+    a, b, c = _fp32_dot(precision)
+    exact = a.double() @ b.double()
+    torch.testing.assert_close(c.double(), _tf32(a).double() @ _tf32(b).double(), rtol=1e-6, atol=1e-5)
+    assert (c.double() - exact).abs().max() > 1e-3  # visibly not fp32: the float32 tolerance catches it
+
+
+def test_fp32_dot_under_ieee_is_fp32():
+    a, b, c = _fp32_dot("ieee")
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_tf32_rounding_keeps_inf_and_nan():
+    from kernels.interpreter_fidelity import _f32_to_tf32
+    import numpy as np
+
+    x = np.array([np.inf, -np.inf, np.nan, np.finfo(np.float32).max, 1.0 + 2 ** -11, 1.0 + 2 ** -12], dtype=np.float32)
+    y = _f32_to_tf32(x)
+    assert np.isinf(y[0]) and np.isinf(y[1]) and np.isnan(y[2]) and np.isinf(y[3])
+    assert y[4] == np.float32(1.0 + 2 ** -10) and y[5] == np.float32(1.0)  # tie away from zero; below half: down
+
+
+def test_fp32_dot_raw_interpreter_is_exact(raw):
+    a, b, c = _fp32_dot("default")
+    assert _fails(lambda: (c.double() - a.double() @ b.double()).abs().max() > 1e-3)
+
+
 # ---- the patch itself ---------------------------------------------------------------------------
 
 def test_patch_is_idempotent():

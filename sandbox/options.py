@@ -26,6 +26,9 @@ class CheckOptions:
     fork_server:  False starts a fresh interpreter per candidate (slower; the benchmark's reference).
     unconfined:   True judges without the operating system's confinement (sandbox/confine.py) where it
                   cannot be set up; every verdict records it. Never the default.
+    compile_for:  GPU targets ("sm90", "sm80", ...) a correct candidate is also compiled for, on any
+                  device, before timing; a kernel that does not compile, spills or overflows shared
+                  memory is refused (`compile-target`). Empty: no compile check.
     """
 
     device: str = "cpu"
@@ -43,3 +46,4 @@ class CheckOptions:
     static_check: bool = True
     fork_server: bool = True
     unconfined: bool = False
+    compile_for: tuple[str, ...] = ()

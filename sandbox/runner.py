@@ -38,6 +38,7 @@ from kernels.spec import OpSpec, parse_dtype
 from sandbox import judge as judging
 from sandbox import wire
 from sandbox.children import Child, MemoryExceeded, Refused
+from sandbox.compile_check import CompileCheck, compile_setup
 from sandbox.executables import cuda_executables
 from sandbox.forkserver import ForkServer
 from sandbox.options import CheckOptions
@@ -74,7 +75,9 @@ class _Trial:
 
 
 class Sandbox:
-    """Judges candidates for one device with one set of options; reuse it for a batch."""
+    """Judges candidates for one device with one set of options; reuse it for a batch. With
+    `options.compile_for`, every correct candidate must also compile for those GPU targets
+    (sandbox/compile_check.py)."""
 
     def __init__(self, options: CheckOptions, progress: Progress | None = None) -> None:
         self.options = options
@@ -94,6 +97,8 @@ class Sandbox:
         if options.device == "cuda":
             major, minor = torch.cuda.get_device_capability()
             self.executables = cuda_executables(major * 10 + minor)
+        self.compile_for, self._compiler, self._compile_exec = compile_setup(
+            options.compile_for, options.device, options.fork_server, self.server)
         self._bandwidth: float | None = None
         self._children: list[Child] = []
         self._phase = "starting"
@@ -105,8 +110,8 @@ class Sandbox:
         return self._bandwidth
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for server in {id(s): s for s in (self.server, self._compiler) if s is not None}.values():
+            server.close()
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -168,12 +173,12 @@ class Sandbox:
     def _spawn(self, role: str, spec: OpSpec, source: str | None, filename: str, scratch: Path,
                constants: dict | None = None) -> tuple[Child, dict[str, Any]]:
         """Start a sandboxed process; returns it and its "load" message (after "ready")."""
-        t0 = time.monotonic()
-        job = {"role": role, "op": spec.name, "device": self.options.device, "source": source, "filename": filename,
-               "constants": constants or {}, "memory_mb": self._memory_mb,
-               "cpu_seconds": int(self.options.timeout_s * 2) + 5, "allow_exec": list(self.executables),
-               "confine": not self.options.unconfined}
-        child = Child(self.server, job, scratch, self._memory_mb, self._deadline)
+        t0, compiling = time.monotonic(), role == "compile"  # compile processes run compiled Triton ("cuda")
+        job = {"role": role, "op": spec.name, "device": "cuda" if compiling else self.options.device, "source": source,
+               "filename": filename, "constants": constants or {}, "memory_mb": self._memory_mb,
+               "cpu_seconds": int(self.options.timeout_s * 2) + 5, "confine": not self.options.unconfined,
+               "allow_exec": list(self._compile_exec if compiling else self.executables)}
+        child = Child(self._compiler if compiling else self.server, job, scratch, self._memory_mb, self._deadline)
         self._children.append(child)
         ready = child.expect("ready")
         load = child.expect("load")
@@ -254,6 +259,7 @@ class Sandbox:
             v.fail("untraceable", f"its kernels could not be rebuilt for the replay: {str(rload.get('error'))[:300]}")
             return
         v.stage = "correctness"
+        check = CompileCheck(spec, self.compile_for, plan)  # does nothing without --compile-for
         # Pipelined: trial i is replayed while the runner computes trial i+1 (and the judge its reference).
         trials, pending = plan["trials"], None
         for i, trial in enumerate(trials):
@@ -268,12 +274,17 @@ class Sandbox:
             pending = self._answer(v, spec, runner, where, args, expected)
             if pending is None:
                 return
+            check.note(trial, pending.record)
             replayer.start_replay(pending.record, pending.inputs)
             if trial.get("determinism", False) and not self._same_again(v, runner, pending, args):
                 return
         if pending is not None and self._replay_outcome(v, replayer, pending) is None:
             return
         v.correct = True
+        self._phase = f"the compile check for {','.join(self.compile_for)}"
+        check.run(v, runner, lambda: self._spawn("compile", spec, source, filename, work / "compiler", load.get("constants")))
+        if v.failure is not None:
+            return
         if plan["timing"]:
             v.stage = "timing"
             self._time(spec, source, filename, plan["timing"], v, work, runner, replayer)

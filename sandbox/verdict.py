@@ -27,6 +27,7 @@ FAILURES = (
     "no-triton",          # no Triton kernel was launched
     "untraceable",        # its launches could not be recorded or replayed (memory from nowhere, kernels not at top level)
     "launch-independent",  # replaying its recorded Triton launches does not give the output it returned
+    "compile-target",     # --compile-for: a kernel does not compile for a GPU target, spills, or exceeds its shared memory
     "not-faster",         # correct, but the speedup's lower bound missed the required gain
     "impossible-speedup",  # correct, but faster than the op's roofline allows: the timing is not real
 )
@@ -61,6 +62,7 @@ class Verdict:
     log_tail: str = ""               # the candidate's own stdout/stderr, last lines: data, never parsed
     duration_s: float = 0.0
     costs: dict[str, float] = field(default_factory=dict)  # seconds: start (processes), calls, replays
+    compile: dict[str, list] = field(default_factory=dict)  # --compile-for: per target, one entry per distinct cubin
 
     def fail(self, failure: str, reason: str) -> "Verdict":
         assert failure in FAILURES, failure

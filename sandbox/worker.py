@@ -8,7 +8,8 @@ runner sends back what `forward` returned plus the record of how (sandbox/trace.
 sends back what the record computes (sandbox/replay.py). They never see seeds, expected outputs,
 the plan, clocks the judge reads, or the other side's code.
 
-Runner, per "call": inputs in -> outputs, the inputs as they are afterwards, the record, facts.
+Runner, per "call": inputs in -> outputs, the inputs as they are afterwards, the record, facts; per
+"capture" (--compile-for): its launches at given shapes, described on meta inputs (sandbox/capture.py).
 Replayer, per call: "stage" (record + inputs), then "go": replay, answered by "done" with the outputs
 and the inputs afterwards (on CUDA with the event time measured here, since no candidate Python runs
 in this process on a GPU).
@@ -30,7 +31,8 @@ import torch
 
 import kernels.ops  # noqa: F401  (the op specs, imported in the fork server before any fork)
 from kernels.spec import parse_dtype
-from sandbox import guards, trace, wire
+from sandbox import capture, guards, trace, wire
+from sandbox.compile_child import serve_compiles
 from sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
 
 
@@ -174,6 +176,9 @@ def serve_calls(chan: wire.Channel, job: dict[str, Any]) -> None:
     chan.send({"type": "load", "ok": True, "constants": constants, "violations": guards.VIOLATIONS[:5]})
     while True:
         header, tensors = chan.receive()
+        if header["type"] == "capture":  # --compile-for: describe the launches at shapes it is not run at
+            chan.send(capture.answer(forward, spec, header))
+            continue
         if header["type"] != "call":
             return
         args = _decode_args(header, tensors, device)
@@ -252,7 +257,10 @@ def child_main(chan_fd: int, log_fd: int, job: dict[str, Any]) -> None:
         os.close(log_fd)
         facts = _setup(job)
         chan.send({"type": "ready", "isolation": facts})
-        (serve_calls if job["role"] == "run" else serve_replays)(chan, job)
+        if job["role"] == "compile":  # --compile-for: compiled Triton, no candidate Python ran here
+            serve_compiles(chan, job)
+        else:
+            (serve_calls if job["role"] == "run" else serve_replays)(chan, job)
     except BaseException as exc:  # harness-side failure (e.g. the candidate broke torch): report, then die
         try:
             chan.send({"type": "error", "error": one_line(exc), "violations": guards.VIOLATIONS[:5]})

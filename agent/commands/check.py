@@ -16,6 +16,7 @@ import torch
 
 from kernels import get_op
 from kernels.errors import KernelloopError
+from kernels.target_compile import parse_targets
 from history import History
 from sandbox import CheckOptions, Sandbox
 
@@ -43,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh-interpreter", action="store_true", help="no fork server: a new interpreter per candidate")
     p.add_argument("--unconfined", action="store_true",
                    help="judge without OS confinement where it cannot be set up (recorded in every verdict)")
+    p.add_argument("--compile-for", default=None, metavar="TARGETS",
+                   help="also compile each correct candidate for these GPU targets on CPU, e.g. sm90,sm80; refuse "
+                        "it (failure compile-target) if a kernel does not compile, spills or exceeds shared memory")
     p.set_defaults(run=run)
 
 
@@ -79,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise KernelloopError("--device cuda: no CUDA device is available")
+    try:
+        compile_for = parse_targets(args.compile_for) if args.compile_for is not None else ()
+    except KernelloopError as exc:
+        raise KernelloopError(f"--compile-for: {exc}") from None
     files = candidate_files(args.paths)
     shapes = _shapes(args.shapes)
     for shape in shapes:
@@ -88,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         device=device, registry=args.registry, dtypes=tuple(args.dtypes.split(",")) if args.dtypes else (),
         shapes=shapes, timing=not args.no_timing, min_gain=args.min_gain, timeout_s=args.timeout,
         memory_mb=args.memory_mb, seed=args.seed, fork_server=not args.fresh_interpreter,
-        unconfined=args.unconfined)
+        unconfined=args.unconfined, compile_for=compile_for)
     verdicts = []
     history = None if args.no_history else History(args.history)
     with Sandbox(options, progress=None) as sandbox:

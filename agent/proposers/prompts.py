@@ -280,6 +280,8 @@ HINTS = {
     "untraceable": "Define every @triton.jit kernel at the module's top level, pass only inputs and tensors "
                    "allocated inside forward to kernels, and keep module constants plain numbers.",
     "launch-independent": "The result must come from your Triton kernels alone: replaying them must give the same bits.",
+    "compile-target": "It must compile for the GPU target without spilling registers or exceeding shared memory: "
+                      "use more warps or smaller blocks (loop over long rows in chunks).",
     "not-faster": "Correct, but not faster: change the strategy (grid size, block shape, fewer passes over memory).",
     "impossible-speedup": "The timing looked faster than the hardware allows; do not cache or skip work.",
 }

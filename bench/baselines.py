@@ -1,13 +1,19 @@
 """Baseline Triton kernels against torch eager and the copy-bandwidth roofline, for every op.
 
     python -m bench.baselines [--device cuda|cpu] [--dtypes bfloat16,float16] [--quick]
-                              [--max-shapes-per-op N] [--ops a,b] [--out-dir DIR] [--strict]
+                              [--max-shapes-per-op N] [--ops a,b] [--out-dir DIR] [--strict] [--rehearse]
 
-For each op in `kernels.OPS`, each shape (engine shapes on CUDA, evenly subsampled; test shapes
-with --quick or on CPU) and each dtype: check `spec.forward` against `spec.reference` once (seed 0),
-time both with `kernels.timing`, and report achieved GB/s and the share of the copy-bandwidth
-roofline measured at the start of the same run. A failing or raising kernel becomes a row of the
-table, never a crash. The table is printed and written with `bench.report.write_report`.
+For each op in `kernels.OPS` (decode_attention first: the only tl.dot kernel, the likeliest to
+fail, measured while the time budget is whole), each shape (engine shapes on CUDA, evenly
+subsampled; test shapes with --quick or on CPU) and each dtype: check `spec.forward` against
+`spec.reference` once (seed 0), time both with `kernels.timing`, and report achieved GB/s and the
+share of the copy-bandwidth roofline measured at the start of the same run. A failing or raising
+kernel becomes a row of the table, never a crash. The table is printed and written with
+`bench.report.write_report`, after every op too ("PARTIAL"), so a run killed by its timeout keeps
+what it measured.
+
+`--rehearse` (gpu_check.sh's CPU rehearsal) runs the same path on CPU through Triton's interpreter
+(TRITON_INTERPRET=1): every test shape, bfloat16 only, a 30 s time budget.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any, Sequence
 import torch
 
 import kernels  # noqa: F401  (configures Triton before any kernel module is imported)
+from bench.rehearse import step_device
 from bench.report import device_facts, print_table, write_report
 from kernels import OPS
 from kernels.compare import check_outputs
@@ -31,6 +38,14 @@ from kernels.timing import auto_reps, measure_copy_bandwidth, summarize, time_ca
 
 DEFAULT_MAX_SHAPES = 12  # evenly spaced over engine_shapes: every model, decode and prefill
 DEFAULT_TIME_BUDGET_S = 210.0  # rows left when it is spent are reported as skipped
+FIRST_OPS = ("decode_attention",)  # the only tl.dot kernel, the likeliest to fail: measured first
+REHEARSAL = {"dtypes": "bfloat16", "max_shapes_per_op": 0, "time_budget_s": 30.0}  # 0: every test shape
+
+
+def gpu_order(names: Sequence[str]) -> list[str]:
+    """`names` with FIRST_OPS first (in that order), the rest in their given order."""
+    first = [n for n in FIRST_OPS if n in names]
+    return first + [n for n in names if n not in first]
 
 
 @dataclass(frozen=True)
@@ -153,22 +168,40 @@ def run_notes(device: str, policy: RepPolicy, copy_bw: float, engine: bool, args
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.baselines", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
-    p.add_argument("--dtypes", default="bfloat16,float16", help="comma-separated (default: bfloat16,float16)")
+    p.add_argument("--dtypes", default=None, help="comma-separated (default: bfloat16,float16)")
     p.add_argument("--quick", action="store_true", help="use each op's small test_shapes")
-    p.add_argument("--max-shapes-per-op", type=int, default=DEFAULT_MAX_SHAPES,
+    p.add_argument("--max-shapes-per-op", type=int, default=None,
                    help=f"evenly subsample each op's shapes to at most N (default {DEFAULT_MAX_SHAPES}; 0: all)")
     p.add_argument("--ops", default="", help="comma-separated op names (default: every op)")
-    p.add_argument("--time-budget-s", type=float, default=DEFAULT_TIME_BUDGET_S,
+    p.add_argument("--time-budget-s", type=float, default=None,
                    help=f"stop measuring after this long; later rows are marked skipped (default "
                         f"{DEFAULT_TIME_BUDGET_S:.0f}; 0: no limit)")
     p.add_argument("--out-dir", default=None, help="where the report goes (default: docs/benchmarks)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any check failed or raised")
-    return p.parse_args(argv)
+    p.add_argument("--rehearse", action="store_true",
+                   help="the GPU step's path on CPU (needs TRITON_INTERPRET=1): --device cpu --quick, and unless "
+                        "given --dtypes bfloat16 --max-shapes-per-op 0 --time-budget-s 30")
+    args = p.parse_args(argv)
+    if args.rehearse:
+        if args.device == "cuda":
+            p.error("--rehearse runs on CPU; drop --device cuda")
+        args.device, args.quick = "cpu", True
+        for key, value in REHEARSAL.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    defaults = {"dtypes": "bfloat16,float16", "max_shapes_per_op": DEFAULT_MAX_SHAPES,
+                "time_budget_s": DEFAULT_TIME_BUDGET_S}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     device = args.device or default_device()
+    if args.rehearse and step_device(True, "bench.baselines") is None:
+        return 2
     if device == "cuda" and (not torch.cuda.is_available() or triton_interpreted()):
         print("bench.baselines: --device cuda needs a CUDA device and TRITON_INTERPRET unset", file=sys.stderr)
         return 2
@@ -177,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         dtypes = [parse_dtype(d.strip()) for d in args.dtypes.split(",") if d.strip()]
-        names = [n.strip() for n in args.ops.split(",") if n.strip()] or list(OPS)
+        names = gpu_order([n.strip() for n in args.ops.split(",") if n.strip()] or list(OPS))
         specs = [kernels.get_op(n) for n in names]
     except Exception as exc:
         print(f"bench.baselines: {exc}", file=sys.stderr)

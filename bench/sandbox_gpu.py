@@ -1,6 +1,8 @@
-"""The sandbox's GPU half: `python -m bench.sandbox_gpu [--out-dir DIR]` (CUDA only).
+"""The sandbox's GPU half: `python -m bench.sandbox_gpu [--rehearse] [--out-dir DIR]`.
 
-1. L2 flush: the baseline rmsnorm timed with and without the flush between calls (cold vs warm L2).
+1. L2 flush: the baseline rmsnorm timed three ways: with a warm L2, after the `zero_()` flush (which
+   leaves L2 full of dirty lines for the timed kernel to write back) and after a read-only flush
+   (a sum over the same 256 MB: L2 left clean); see kernels/timing.py.
 2. A/B timing, baseline vs an honest variant, for rmsnorm and silu_mul: speedup, bootstrap
    interval, timing mode (replayed launches, CUDA events after an L2 flush), percent of copy
    bandwidth, verdict; every sandboxed process confined (namespaces, Landlock, seccomp) with CUDA.
@@ -8,89 +10,251 @@
 4. Three exploits judged with the static check off, none accepted: work on an unjoined side stream
    (tests/sandbox_candidates_gpu/side_stream.py), a result cached by shape (cached_result.py), and
    torch computing out of the dispatch mode's sight after a dummy launch (dispatch_mode_escape.py).
+
+Every case is judged with the static check off; for the honest ones the judge runs the same check
+(`sandbox.static_check`) itself first, so the cases need only one sandbox (one fork server) per
+timing shape: two in all. The report is rewritten after every case ("PARTIAL" until the last), so a
+run killed by its timeout keeps what it measured.
+
+`--rehearse` runs this same path on CPU (Triton's interpreter, TRITON_INTERPRET=1) at tiny shapes,
+to catch what would crash on the GPU; its timings describe the interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
-import kernels  # noqa: F401
+import kernels  # noqa: F401  (configures Triton)
+from bench.rehearse import step_device, synchronize
+from bench.report import print_table, write_report
 from kernels.ops import get_op
 from kernels.timing import summarize, time_calls
-from sandbox import CheckOptions, Sandbox
-
-from bench.report import print_table, write_report
+from sandbox import CheckOptions, Sandbox, Verdict, static_check
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
-SMALL = {"tokens": 1, "hidden": 4096}
+NO_REGISTRY = Path("/nonexistent-kernelloop-registry")  # the op's own kernel is every case's baseline
+DTYPE = "bfloat16"  # checked and timed; the tune loop, too, checks only the dtype it tunes
+
+# The "small" (decode) timing shape; the others take the sandbox's default (a mid-size engine shape
+# on CUDA, the costliest test shape on CPU).
+SMALL = {"cuda": {"tokens": 1, "hidden": 4096}, "cpu": {"tokens": 2, "hidden": 256}}
+L2_SHAPE = {"cuda": {"tokens": 4096, "hidden": 4096}, "cpu": {"tokens": 4, "hidden": 256}}
+L2_CALLS = {"cuda": (5, 50), "cpu": (1, 3)}  # (warmup, reps) per flush kind
+L2_FLUSHES = (("warm L2", False), ("flush: zero_() (write)", "write"), ("flush: read (sum)", "read"))
+JUDGE_TIMEOUT_S = {"cuda": 60.0, "cpu": 120.0}
+# Baseline vs itself: how far the interval may sit from 1.0 (interpreter timings are noisy).
+SELF_SLACK = {"cuda": (0.0, 0.02), "cpu": (0.25, 0.25)}  # (above, below)
 
 
-def _row(name: str, v) -> dict:  # noqa: ANN001
-    t = v.timing or {}
-    return {
-        "case": name, "op": v.op, "shape": ",".join(f"{k}={x}" for k, x in t.get("shape", {}).items()),
-        "mode": "+".join(t.get("modes", [])) or "-",
-        "baseline us": f"{t['baseline_s'] * 1e6:.1f}" if t else "-",
-        "candidate us": f"{t['candidate_s'] * 1e6:.1f}" if t else "-",
-        "speedup": f"{v.speedup:.3f} [{v.speedup_interval[0]:.3f}, {v.speedup_interval[1]:.3f}]" if v.speedup else "-",
-        "% copy bw": f"{100 * t['roofline_fraction']:.0f}" if t.get("roofline_fraction") else "-",
-        "verdict": "accepted" if v.accepted else (v.failure or "correct"),
-    }
+@dataclass(frozen=True)
+class Case:
+    name: str
+    op: str
+    path: Path
+    small: bool  # timed at SMALL; else at the sandbox's default timing shape
+    kind: str    # "variant" | "self" | "exploit"
+
+
+CASES = (
+    Case("variant, engine shape", "rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_multirow.py", False,
+         "variant"),
+    Case("variant, engine shape", "silu_mul", TESTS / "sandbox_candidates" / "control_silu_mul_flat.py", False,
+         "variant"),
+    Case("variant, decode shape", "rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_multirow.py", True,
+         "variant"),
+    Case("baseline vs itself", "rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_row.py", True, "self"),
+    Case("exploit: side stream", "rmsnorm", TESTS / "sandbox_candidates_gpu" / "side_stream.py", True, "exploit"),
+    Case("exploit: cached result", "rmsnorm", TESTS / "sandbox_candidates" / "cached_result.py", True, "exploit"),
+    Case("exploit: torch out of sight", "rmsnorm", TESTS / "sandbox_candidates" / "dispatch_mode_escape.py", True,
+         "exploit"),
+)
+
+
+def grouped(cases: tuple[Case, ...] | list[Case]) -> list[Case]:
+    """The cases with those of one timing shape (one sandbox) together, in order of first appearance."""
+    order: dict[bool, list[Case]] = {}
+    for case in cases:
+        order.setdefault(case.small, []).append(case)
+    return [case for group in order.values() for case in group]
+
+
+def options_for(device: str, small: bool) -> CheckOptions:
+    return CheckOptions(device=device, registry=NO_REGISTRY, dtypes=(DTYPE,), timing_dtype=DTYPE,
+                        timing_shape=SMALL[device] if small else None, static_check=False,
+                        timeout_s=JUDGE_TIMEOUT_S[device])
+
+
+class Sandboxes:
+    """One open Sandbox at a time, for the current timing shape; a new one only when the shape changes."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.started = device, 0
+        self._key: bool | None = None
+        self._sandbox: Sandbox | None = None
+
+    def get(self, small: bool) -> Sandbox:
+        if self._sandbox is None or self._key != small:
+            self.close()
+            self._sandbox, self._key = Sandbox(options_for(self.device, small)), small
+            self.started += 1
+        return self._sandbox
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+        self._sandbox = self._key = None
+
+
+def case_ok(case: Case, v: Verdict, static_ok: bool, device: str) -> bool:
+    """What the case must show, on CUDA and on the CPU rehearsal alike."""
+    if case.kind == "exploit":  # the side stream may be correct (it is an honest kernel), never accepted
+        return not v.accepted and (case.name.endswith("side stream") or not v.correct)
+    if not (static_ok and v.correct):
+        return False
+    if case.kind == "self":
+        if v.accepted or not v.speedup_interval:
+            return False
+        above, below = SELF_SLACK[device]
+        lo, hi = v.speedup_interval
+        return lo <= 1.0 + above and hi >= 1.0 - below
+    return True
+
+
+def row_of(case: Case, v: Verdict | None, static: str, ok: bool, error: str = "") -> dict[str, Any]:
+    t = (v.timing if v is not None else None) or {}
+    row = {"case": case.name, "op": case.op,
+           "shape": ",".join(f"{k}={x}" for k, x in t.get("shape", {}).items()) or "-",
+           "mode": "+".join(t.get("modes", [])) or "-",
+           "baseline us": f"{t['baseline_s'] * 1e6:.1f}" if t else "-",
+           "candidate us": f"{t['candidate_s'] * 1e6:.1f}" if t else "-",
+           "speedup": "-", "% copy bw": f"{100 * t['roofline_fraction']:.0f}" if t.get("roofline_fraction") else "-",
+           "static": static}
+    if v is not None and v.speedup and v.speedup_interval:
+        row["speedup"] = f"{v.speedup:.3f} [{v.speedup_interval[0]:.3f}, {v.speedup_interval[1]:.3f}]"
+    if error:
+        row["verdict"] = error[:120]
+    elif v is not None:
+        row["verdict"] = "accepted" if v.accepted else (v.failure or "correct")
+    row["check"] = "ok" if ok else "FAILED"
+    return row
+
+
+def judge_case(case: Case, sandboxes: Sandboxes) -> tuple[Verdict | None, str, bool]:
+    """(verdict or None when the static check refused an honest case, static column, case passed)."""
+    source = case.path.read_text()
+    static = static_check(source, get_op(case.op).arg_names)
+    if not static.ok and case.kind != "exploit":
+        return None, f"refused: {static.reason}"[:80], False
+    v = sandboxes.get(case.small).judge_source(case.op, source, str(case.path))
+    return v, "pass" if static.ok else "refuses (judged off)", case_ok(case, v, static.ok, sandboxes.device)
+
+
+def run_cases(cases: list[Case], judge: Callable[[Case], tuple[Verdict | None, str, bool]],
+              rows: list[dict[str, Any]], report: Callable[[str], Any]) -> bool:
+    """Judge every case in order, appending its row and rewriting the report after each one
+    ("PARTIAL" until the last case). A case that raises is a failed row, never the end of the run."""
+    ok = True
+    for i, case in enumerate(cases, 1):
+        try:
+            v, static, passed = judge(case)
+            rows.append(row_of(case, v, static, passed))
+        except Exception as exc:  # noqa: BLE001  (e.g. no confinement here: a row, and the next case)
+            passed = False
+            rows.append(row_of(case, None, "-", False, error=f"error: {type(exc).__name__}: {exc}"))
+        ok &= passed
+        print(rows[-1], flush=True)
+        report("" if i == len(cases) else f"PARTIAL: {i} of {len(cases)} cases judged, stopped after "
+               f"{case.name} ({case.op})")
+    return ok
+
+
+def l2_rows(device: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The baseline rmsnorm timed after each kind of flush (CPU: no flush, the path only)."""
+    rms, shape = get_op("rmsnorm"), L2_SHAPE[device]
+    inputs = rms.make_inputs(shape, torch.bfloat16, 0, device)
+    warmup, reps = L2_CALLS[device]
+    rows, medians = [], {}
+    for label, flush in L2_FLUSHES:
+        medians[label] = summarize(time_calls(lambda: rms.forward(*inputs), device, warmup=warmup, reps=reps,
+                                              flush_l2=flush))["median"]
+        synchronize(device)
+        mode = "cuda events" if device == "cuda" else "wall clock (cpu-interpreter: no L2, nothing flushed)"
+        rows.append({"case": f"L2: {label}", "op": "rmsnorm", "shape": ",".join(f"{k}={x}" for k, x in shape.items()),
+                     "mode": mode, "baseline us": f"{medians[label] * 1e6:.1f}", "candidate us": "-", "speedup": "-",
+                     "% copy bw": "-", "static": "-", "verdict": "-", "check": "ok"})
+        print(f"L2 {label}: rmsnorm {rows[-1]['shape']} bf16 median {medians[label] * 1e6:.1f} us", flush=True)
+    return rows, medians
+
+
+def l2_note(device: str, medians: dict[str, float]) -> str:
+    if not medians:
+        return "L2 flush: not measured (see the L2 row)."
+    warm, write, read = (medians[label] for label, _ in L2_FLUSHES)
+    shape = "x".join(str(x) for x in L2_SHAPE[device].values())
+    text = (f"L2 flush: rmsnorm {shape} bf16 median {warm * 1e6:.1f} us with a warm L2, {write * 1e6:.1f} us after "
+            f"zero_() of 256 MB (kernels.timing's default, and the sandbox replayer's), {read * 1e6:.1f} us after a "
+            f"read-only flush (int64 sum of the same 256 MB); zero_()/read = {write / max(read, 1e-12):.3f}")
+    if device != "cuda":
+        return text + " (CPU rehearsal: nothing is flushed; the numbers time the interpreter and mean nothing here)."
+    return text + ": above 1, the timed kernel pays for writing back the zero_() flush's dirty lines."
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rehearse", action="store_true",
+                        help="run this step's path on CPU (Triton interpreter, tiny shapes; needs TRITON_INTERPRET=1)")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("sandbox_gpu: no CUDA device", file=sys.stderr)
+    device = step_device(args.rehearse, "sandbox_gpu")
+    if device is None:
         return 1
-    ok = True
-    rms = get_op("rmsnorm")
-    inputs = rms.make_inputs({"tokens": 4096, "hidden": 4096}, torch.bfloat16, 0, "cuda")
-    warm = summarize(time_calls(lambda: rms.forward(*inputs), "cuda", warmup=5, reps=50, flush_l2=False))["median"]
-    cold = summarize(time_calls(lambda: rms.forward(*inputs), "cuda", warmup=5, reps=50, flush_l2=True))["median"]
-    print(f"L2 flush: rmsnorm 4096x4096 bf16 warm {warm * 1e6:.1f} us, flushed {cold * 1e6:.1f} us", flush=True)
+    start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    cases = grouped(CASES)
+    sandboxes = Sandboxes(device)
+    medians: dict[str, float] = {}
 
-    rows = []
-    cases = [
-        ("variant, engine shape", "rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_multirow.py", None, True),
-        ("variant, engine shape", "silu_mul", TESTS / "sandbox_candidates" / "control_silu_mul_flat.py", None, True),
-        ("variant, decode (graphs)", "rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_multirow.py", SMALL, True),
-        ("baseline vs itself", "rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_row.py", SMALL, True),
-        ("exploit: side stream", "rmsnorm", TESTS / "sandbox_candidates_gpu" / "side_stream.py", SMALL, False),
-        ("exploit: cached result", "rmsnorm", TESTS / "sandbox_candidates" / "cached_result.py", SMALL, False),
-        ("exploit: torch out of sight", "rmsnorm", TESTS / "sandbox_candidates" / "dispatch_mode_escape.py", SMALL,
-         False),
-    ]
-    for name, op, path, shape, static in cases:
-        options = CheckOptions(device="cuda", registry=Path("/nonexistent-kernelloop-registry"), timing_shape=shape,
-                               static_check=static, timeout_s=150)
-        with Sandbox(options) as sandbox:
-            v = sandbox.judge_source(op, path.read_text(), str(path))
-        rows.append(_row(name, v))
-        print(rows[-1], flush=True)
-        if name.startswith("exploit"):
-            ok &= not v.accepted and (name.endswith("side stream") or not v.correct)
-        elif name == "baseline vs itself":
-            ok &= v.correct and not v.accepted and v.speedup_interval[0] <= 1.0 <= v.speedup_interval[1] * 1.02
-        else:
-            ok &= v.correct
+    def report(status: str) -> Path:
+        ok = all(r.get("check") == "ok" for r in rows)
+        notes = ([status] if status else []) + [
+            l2_note(device, medians),
+            "Timing: interleaved A/B rounds, fresh inputs for every timed call, each call checked; the timed part is "
+            "the replay of the call's recorded launches in a process where no candidate Python runs, "
+            + ("CUDA events after a 256 MB zero_() L2 flush." if device == "cuda" else
+               "the judge's wall clock (cpu-interpreter)."),
+            f"Checked and timed in {DTYPE}; every case judged with the sandbox's static check off (the `static` column "
+            "is that check, run by the judge: honest cases must pass it, exploits are judged past it); "
+            f"{sandboxes.started} sandbox(es) (fork servers) started, one per timing shape.",
+            f"checks {'so far ' if status else ''}{'passed' if ok else 'FAILED'}: honest variants correct; "
+            "baseline vs itself correct, not accepted "
+            "and its interval around 1.0; no exploit accepted (the cached and torch ones not even correct).",
+            f"wall time {time.perf_counter() - start:.0f} s.",
+        ]
+        return write_report("sandbox-gpu", "Sandbox on the GPU: timing modes, variants, exploits", rows,
+                            device=device, notes=notes, out_dir=args.out_dir)
+
+    try:
+        l2, medians = l2_rows(device)
+        rows += l2
+    except Exception as exc:  # noqa: BLE001  (the cases still run)
+        rows.append({"case": "L2 flush", "op": "rmsnorm", "verdict": f"error: {type(exc).__name__}: {exc}"[:120],
+                     "check": "FAILED"})
+    report(f"PARTIAL: L2 measured, 0 of {len(cases)} cases judged")
+    try:
+        run_cases(cases, lambda case: judge_case(case, sandboxes), rows, report)
+    finally:
+        sandboxes.close()
     print_table(rows)
-    notes = [f"L2 flush: rmsnorm 4096x4096 bf16 median {warm * 1e6:.1f} us with a warm L2, "
-             f"{cold * 1e6:.1f} us with the 256 MB flush between calls (the sandbox always flushes).",
-             "Timing: interleaved A/B rounds, fresh inputs for every timed call, each call checked; the timed "
-             "part is the replay of the call's recorded launches in a process where no candidate Python runs, "
-             "CUDA events after a 256 MB L2 flush.",
-             f"checks {'passed' if ok else 'FAILED'}: honest variants correct; baseline vs itself not accepted "
-             "with 1.0 inside its interval; no exploit accepted (the cached and torch ones not even correct)."]
-    path = write_report("sandbox-gpu", "Sandbox on the GPU: timing modes, variants, exploits", rows,
-                        device="cuda", notes=notes, out_dir=args.out_dir)
-    print(f"wrote {path}")
+    path = report("")  # run_cases wrote it after the last case too; again, with the table printed and the time
+    ok = all(r.get("check") == "ok" for r in rows)
+    print(f"wrote {path} ({time.perf_counter() - start:.0f} s): checks {'passed' if ok else 'FAILED'}")
     return 0 if ok else 1
 
 

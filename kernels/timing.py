@@ -3,6 +3,13 @@
 On CUDA every call is bracketed by CUDA events, after an L2 flush that runs outside the timed
 region, so a call never finds its inputs warm in L2 from the call before. On CPU (Triton's
 interpreter) calls are timed with `time.perf_counter`. All results are seconds per call.
+
+The flush (`flush_l2=`) comes in two kinds. "read" (the default, also `True`) sums a 256 MB buffer
+into one number: L2 is left full of clean lines (evicting them costs nothing) and the dirty lines of
+the call before are written back during the flush. "write" zeroes the same buffer: L2 is left full
+of *dirty* lines, which the timed kernel then writes back to memory as it evicts them, so part of
+the flush's cost lands inside the timed region (kept to measure the difference: bench.sandbox_gpu).
+`False` times with a warm L2. CPU has nothing to flush: every kind is accepted there and does nothing.
 """
 
 from __future__ import annotations
@@ -11,32 +18,69 @@ import json
 import os
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Union
 
 import torch
 
 from kernels.device import cache_root, device_fingerprint
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # well above any current GPU's L2 (H100/H200: 50 MB)
+FLUSH_KINDS = ("write", "read")
+FlushL2 = Union[bool, Literal["write", "read"]]
 _flush_buffers: dict[torch.device, torch.Tensor] = {}
+_flush_sinks: dict[torch.device, torch.Tensor] = {}
+
+
+def flush_kind(flush_l2: FlushL2 | None) -> str | None:
+    """"write", "read" or None (no flush) for a `flush_l2=` value; ValueError for anything else."""
+    if flush_l2 is None or flush_l2 is False:
+        return None
+    if flush_l2 is True:
+        return "read"
+    if isinstance(flush_l2, str) and flush_l2 in FLUSH_KINDS:
+        return flush_l2
+    raise ValueError(f"flush_l2 must be True, False, 'write' or 'read', got {flush_l2!r}")
 
 
 def _flush_buffer(dev: torch.device) -> torch.Tensor:
     if dev not in _flush_buffers:
-        _flush_buffers[dev] = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=dev)
+        _flush_buffers[dev] = torch.zeros(L2_FLUSH_BYTES, dtype=torch.uint8, device=dev)
     return _flush_buffers[dev]
 
 
+def l2_flusher(dev: torch.device, flush_l2: FlushL2 | None) -> Callable[[], None] | None:
+    """The CUDA work that flushes L2 before a timed call (queued, not waited for); None for no flush.
+
+    "write": `zero_()` of the 256 MB buffer. "read": an int64 sum of the same buffer into a
+    preallocated one-element tensor (reads only: L2 is left clean)."""
+    kind = flush_kind(flush_l2)
+    if kind is None:
+        return None
+    buf = _flush_buffer(dev)
+    if kind == "write":
+        return buf.zero_
+    if dev not in _flush_sinks:
+        _flush_sinks[dev] = torch.zeros((), dtype=torch.int64, device=dev)
+    words, sink = buf.view(torch.int64), _flush_sinks[dev]
+
+    def read() -> None:
+        torch.sum(words, dim=0, out=sink)
+
+    return read
+
+
 def time_calls(
-    fn: Callable[[], Any], device: str | torch.device, *, warmup: int, reps: int, flush_l2: bool = True
+    fn: Callable[[], Any], device: str | torch.device, *, warmup: int, reps: int, flush_l2: FlushL2 = True
 ) -> list[float]:
     """Seconds taken by each of `reps` calls of `fn()`, after `warmup` untimed calls.
 
-    CUDA: one pair of events per call; the L2 flush (zeroing a 256 MB buffer) is queued before
-    the start event, and the host synchronises once, after the last call. CPU: wall time per call.
+    CUDA: one pair of events per call; the L2 flush (`flush_l2`: True or "write" zeroes a 256 MB
+    buffer, "read" sums it, False skips it; see the module's doc) is queued before the start event,
+    and the host synchronises once, after the last call. CPU: wall time per call (no flush).
     """
     if reps < 1 or warmup < 0:
         raise ValueError(f"time_calls: need reps >= 1 and warmup >= 0, got reps={reps} warmup={warmup}")
+    flush_kind(flush_l2)  # a bad value fails on CPU too, not first on the GPU
     dev = torch.device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
@@ -54,8 +98,8 @@ def time_calls(
     return samples
 
 
-def _time_cuda(fn: Callable[[], Any], dev: torch.device, warmup: int, reps: int, flush_l2: bool) -> list[float]:
-    flush = _flush_buffer(dev) if flush_l2 else None
+def _time_cuda(fn: Callable[[], Any], dev: torch.device, warmup: int, reps: int, flush_l2: FlushL2) -> list[float]:
+    flush = l2_flusher(dev, flush_l2)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize(dev)  # nothing earlier may land inside the first timed region
@@ -63,7 +107,7 @@ def _time_cuda(fn: Callable[[], Any], dev: torch.device, warmup: int, reps: int,
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
         if flush is not None:
-            flush.zero_()
+            flush()
         start.record()
         fn()
         end.record()

@@ -16,7 +16,7 @@ import torch
 
 from kernels.compare import Comparison, check_outputs
 from kernels.spec import OpSpec
-from sandbox.roofline import ROOFLINE_SLACK
+from kernels.roofline import Rates
 from sandbox.verdict import Check, Verdict
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -118,27 +118,34 @@ def speedup_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, 
     return _median(ratios), medians[int(0.025 * len(medians))], medians[int(0.975 * len(medians)) - 1]
 
 
+ROOFLINE_SLACK = 1.25  # measured rates are not quite the peaks; allow a call this much below the roofline
+
+
 def judge_timing(v: Verdict, spec: OpSpec, shape: dict, dtype: torch.dtype, rounds: list[dict[str, Any]],
-                 min_gain: float, bandwidth: float, mode: str) -> None:
-    """`rounds`: [{"baseline": [s, ...], "candidate": [s, ...]}], seconds per replayed call."""
+                 min_gain: float, rates: Rates, mode: str) -> None:
+    """`rounds`: [{"baseline": [s, ...], "candidate": [s, ...]}], seconds per replayed call; `rates`:
+    the device's roofline for `dtype` (no call can beat max(bytes / bandwidth, FLOPs / matmul peak))."""
     base = [_median(r["baseline"]) for r in rounds]
     cand = [_median(r["candidate"]) for r in rounds]
     ratios = [b / max(c, 1e-12) for b, c in zip(base, cand)]
     speedup, lo, hi = speedup_interval(ratios)
     v.speedup, v.speedup_interval = round(speedup, 4), [round(lo, 4), round(hi, 4)]
     cand_s = _median(cand)
-    achieved = spec.cost(shape, dtype).bytes / max(cand_s, 1e-12)
+    cost = spec.cost(shape, dtype)
+    floor_s = rates.seconds(cost)
     v.timing = {
         "shape": dict(shape), "dtype": str(dtype).removeprefix("torch."), "rounds": len(rounds),
         "calls_per_round": len(rounds[0]["candidate"]), "baseline_s": _median(base), "candidate_s": cand_s,
         "rounds_detail": [{"baseline_s": b, "candidate_s": c} for b, c in zip(base, cand)], "modes": [mode],
-        "achieved_bytes_per_s": achieved, "copy_bandwidth_bytes_per_s": bandwidth,
-        "roofline_fraction": achieved / bandwidth if bandwidth else None,
+        "achieved_bytes_per_s": cost.bytes / max(cand_s, 1e-12), "copy_bandwidth_bytes_per_s": rates.bytes_per_s,
+        "achieved_flops_per_s": cost.flops / max(cand_s, 1e-12), "matmul_peak_flops_per_s": rates.flops_per_s,
+        "bound": rates.bound(cost), "roofline_s": floor_s, "roofline_fraction": floor_s / max(cand_s, 1e-12),
     }
     shown = f"{speedup:.3f}x [{lo:.3f}, {hi:.3f}]"
-    if bandwidth and achieved > ROOFLINE_SLACK * bandwidth:
-        v.fail("impossible-speedup", f"{shown}: {achieved / 1e9:.1f} GB/s is beyond the device's "
-               f"{bandwidth / 1e9:.1f} GB/s copy bandwidth; the timing is not real")
+    if cand_s * ROOFLINE_SLACK < floor_s:
+        v.fail("impossible-speedup", f"{shown}: {cand_s * 1e6:.3g} us per call is below the device's roofline of "
+               f"{floor_s * 1e6:.3g} us ({cost.bytes / 1e6:.3g} MB at {rates.bytes_per_s / 1e9:.1f} GB/s, "
+               f"{cost.flops / 1e9:.3g} GFLOP at {rates.flops_per_s / 1e12:.2f} TFLOP/s); the timing is not real")
     elif lo <= 1.0 + min_gain:
         v.fail("not-faster", f"{shown} over {v.baseline}: the interval's lower bound must exceed {1 + min_gain:.2f}")
     else:

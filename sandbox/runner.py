@@ -43,7 +43,7 @@ from sandbox.executables import cuda_executables
 from sandbox.forkserver import ForkServer
 from sandbox.options import CheckOptions
 from sandbox.plan import harness_memory_mb, make_plan, master_seed
-from sandbox.roofline import copy_bandwidth
+from kernels.roofline import device_rates
 from sandbox.static_check import static_check
 from sandbox.verdict import Verdict
 
@@ -99,15 +99,8 @@ class Sandbox:
             self.executables = cuda_executables(major * 10 + minor)
         self.compile_for, self._compiler, self._compile_exec = compile_setup(
             options.compile_for, options.device, options.fork_server, self.server)
-        self._bandwidth: float | None = None
         self._children: list[Child] = []
         self._phase = "starting"
-
-    @property
-    def bandwidth(self) -> float:
-        if self._bandwidth is None:
-            self._bandwidth = copy_bandwidth(self.options.device)
-        return self._bandwidth
 
     def close(self) -> None:
         for server in {id(s): s for s in (self.server, self._compiler) if s is not None}.values():
@@ -347,7 +340,8 @@ class Sandbox:
         v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
         mode = "replay, cuda events after an L2 flush" if self.options.device == "cuda" else \
             "replay, judge's wall clock (cpu-interpreter)"
-        judging.judge_timing(v, spec, shape, parse_dtype(dtype), rounds, self.options.min_gain, self.bandwidth, mode)
+        rates = device_rates(self.options.device, parse_dtype(dtype))  # measured once per device, then cached
+        judging.judge_timing(v, spec, shape, parse_dtype(dtype), rounds, self.options.min_gain, rates, mode)
 
 
 def judge_files(op: str, paths: list[Path], options: CheckOptions, progress: Progress | None = None) -> list[Verdict]:

@@ -31,6 +31,7 @@ import torch
 
 import kernels.ops  # noqa: F401  (the op specs, imported in the fork server before any fork)
 from kernels.spec import parse_dtype
+from kernels.timing import l2_flusher
 from sandbox import capture, guards, trace, wire
 from sandbox.compile_child import serve_compiles
 from sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
@@ -199,11 +200,11 @@ class _CudaTimer:
     """Event time of one replay, after an L2 flush outside the timed region."""
 
     def __init__(self) -> None:
-        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        self.flush = l2_flusher(torch.device("cuda"), "read")  # leaves L2 clean: nothing to write back
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float]:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self.flush.zero_()
+        self.flush()
         torch.cuda.synchronize()
         start.record()
         out = fn()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels.ops import get_op
+from kernels.roofline import Rates
 from sandbox.judge import judge_call, judge_replay, judge_timing, speedup_interval
 from sandbox.options import CheckOptions
 from sandbox.plan import harness_memory_mb, make_plan
@@ -91,11 +92,13 @@ def test_the_replay_must_give_the_same_bits() -> None:
     assert mutated.failure == "input-mutated"
 
 
-def _timed(base_s: float, cand_s: float, bandwidth: float = 1e9, jitter: float = 0.0, rounds: int = 7) -> Verdict:
+def _timed(base_s: float, cand_s: float, bandwidth: float = 1e9, jitter: float = 0.0, rounds: int = 7,
+           flops: float = 1e12, spec=SPEC, shape=None) -> Verdict:  # noqa: ANN001
     v = Verdict(op="rmsnorm", device="cpu-interpreter", file="c.py", sha256="0", correct=True)
     samples = [{"baseline": [base_s * (1 + jitter * ((i % 3) - 1))] * 3, "candidate": [cand_s] * 3}
                for i in range(rounds)]
-    judge_timing(v, SPEC, {"tokens": 2, "hidden": 64}, torch.float32, samples, 0.03, bandwidth, "test")
+    judge_timing(v, spec, shape or {"tokens": 2, "hidden": 64}, torch.float32, samples, 0.03, Rates(bandwidth, flops),
+                 "test")
     return v
 
 
@@ -110,6 +113,22 @@ def test_faster_than_the_roofline_is_impossible() -> None:
     cost = SPEC.cost({"tokens": 2, "hidden": 64}, torch.float32).bytes
     v = _timed(1e-3, cost / 1e12, bandwidth=1e9)  # 1 TB/s on a 1 GB/s device
     assert v.failure == "impossible-speedup" and not v.accepted
+    assert v.timing["bound"] == "memory" and v.timing["roofline_fraction"] > 100
+
+
+def test_a_call_faster_than_the_devices_flops_allow_is_impossible_too() -> None:
+    # decode attention at a long context: within the copy bandwidth, but twice the device's FLOP/s
+    spec = get_op("decode_attention")
+    shape = {"batch": 4, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "kv_len": 4096}
+    cost = spec.cost(shape, torch.float32)
+    cand_s = cost.flops / 2e9
+    rates = Rates(bytes_per_s=100 * cost.bytes / cand_s, flops_per_s=1e9)
+    v = _timed(10 * cand_s, cand_s, bandwidth=rates.bytes_per_s, flops=rates.flops_per_s, spec=spec, shape=shape)
+    assert v.failure == "impossible-speedup" and "GFLOP" in v.reason
+    assert v.timing["bound"] == "compute" and v.timing["roofline_fraction"] == pytest.approx(2.0)
+    honest = _timed(10 * cand_s, 4 * cand_s, bandwidth=rates.bytes_per_s, flops=rates.flops_per_s, spec=spec,
+                    shape=shape)
+    assert honest.accepted and honest.timing["roofline_fraction"] == pytest.approx(0.5)
 
 
 def test_bootstrap_interval() -> None:

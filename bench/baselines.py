@@ -115,7 +115,7 @@ def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: str, polic
     except Exception as exc:
         problem("error in forward", exc)
     if forward_ran and expected is not None:
-        verdict = check_outputs(spec, out, expected, dtype)
+        verdict = check_outputs(spec, out, expected, dtype, shape=shape)
         ok, reason = verdict.ok, verdict.reason
         if not ok:
             problem("FAIL", reason)

@@ -178,7 +178,7 @@ class Engine:
 
     def start_recording(self, trace: bool = False) -> None:
         """Time every step's regions and every op call until `stop_recording()` (between steps)."""
-        rec = Recorder(self.device, trace=trace)
+        rec = Recorder(self.device, trace=trace, dispatcher=self.kernels)
         self.recorder = self.model.recorder = rec
         self.kernels.observer = rec.op
         self._stats_at_start = dict(self.stats)

@@ -7,6 +7,20 @@ work is synchronous). CUDA: a pair of CUDA events per region, resolved once at `
 GPU is never synchronised mid-step. With `trace=True` every region is also a
 `torch.profiler.record_function` (`kernelloop::<name>`), which labels a Chrome trace.
 
+Op times on CUDA are device (kernel) times, not the in-run event brackets: eager decode of a large
+model is bound by the host, so an event pair around one op call mostly measures the gap while the
+host launches it. With a Dispatcher attached (`attach`), `collect()` replays each observed
+(op, dtype, bucket) in isolation with `kernels.timing.time_calls` (an L2 flush queued ahead of
+every call keeps the GPU busy while the host launches, so the event pair times the kernel; the same
+timing the sandbox judges candidates with) on the variant that served it in the run, at up to
+`REPLAY_SAMPLES` of its observed shapes, and prices every observed shape by interpolating in bytes
+moved. Each op entry says which source its seconds come from (`timing`):
+
+    cpu-wall             perf_counter around each call in the run (CPU: calls are synchronous)
+    cuda-events          a CUDA-event pair around each call in the run (includes launch gaps)
+    cuda-kernel-replay   device time of the serving variant, replayed in isolation (see above)
+    cpu-wall-replay      the same replay on CPU (a rehearsal of the GPU path; interpreter times)
+
 `collect()` returns raw seconds; profiler/ turns them into shares, buckets and roofline figures.
 """
 
@@ -15,22 +29,50 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 import torch
 
-from kernels.spec import OpSpec, dtype_name
+from kernels.spec import OpSpec, dtype_name, parse_dtype
+
+if TYPE_CHECKING:
+    from kernels.dispatch import Dispatcher
 
 STEP_REGIONS = ("schedule", "forward", "sample")  # direct parts of a step; the rest is Python overhead
 FORWARD_REGIONS = ("matmul", "attention_prefill")  # parts of the forward outside the op library
+OP_TIMINGS = ("auto", "replay", "in-run")  # auto: replay on CUDA (with a dispatcher attached), in-run on CPU
+REPLAY_SAMPLES = 3  # shapes replayed per (op, dtype, bucket): smallest, middle and largest by bytes moved
+REPLAY_BUDGET_S = 30.0  # replay stops after this long; the (op, dtype, bucket) left keep their in-run times
+# (warmup, timed) calls per replayed shape; the interpreter compiles nothing, and takes ~0.1 s a call
+REPLAY_REPS = {"cuda": (3, 10), "cpu": (0, 1)}
+
+
+def in_run_timing(device: torch.device | str) -> str:
+    return "cuda-events" if torch.device(device).type == "cuda" else "cpu-wall"
+
+
+def replay_timing(device: torch.device | str) -> str:
+    return "cuda-kernel-replay" if torch.device(device).type == "cuda" else "cpu-wall-replay"
 
 
 class Recorder:
-    def __init__(self, device: torch.device | str, trace: bool = False) -> None:
-        self.cuda = torch.device(device).type == "cuda"
+    def __init__(self, device: torch.device | str, trace: bool = False, dispatcher: "Dispatcher | None" = None,
+                 op_timing: str = "auto") -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.trace = trace
         self._regions: dict[str, list[Any]] = defaultdict(list)  # name -> seconds (CPU) or event pairs (CUDA)
         self._ops: dict[tuple[str, str, tuple], list[Any]] = defaultdict(list)
+        self.dispatcher: Dispatcher | None = None
+        self.op_timing = "auto"
+        self.attach(dispatcher, op_timing)
+
+    def attach(self, dispatcher: "Dispatcher | None", op_timing: str = "auto") -> None:
+        """The Dispatcher whose variants `collect()` replays, and when: "auto" (on CUDA), "replay"
+        (on any device: the CPU rehearsal of the GPU path) or "in-run" (never)."""
+        if op_timing not in OP_TIMINGS:
+            raise ValueError(f"op_timing must be one of {', '.join(OP_TIMINGS)}, not {op_timing!r}")
+        self.dispatcher, self.op_timing = dispatcher, op_timing
 
     @contextmanager
     def region(self, name: str) -> Iterator[None]:
@@ -67,12 +109,115 @@ class Recorder:
         torch.cuda.synchronize()
         return [start.elapsed_time(end) / 1e3 for start, end in samples]
 
+    def replays(self) -> bool:
+        """Whether `collect()` replaces in-run op times with replayed device times."""
+        if self.dispatcher is None or self.op_timing == "in-run":
+            return False
+        return self.op_timing == "replay" or self.cuda
+
     def collect(self) -> dict[str, Any]:
-        """{"regions": {name: {"calls", "seconds"}}, "ops": [{"op", "dtype", "shape", "calls", "seconds"}]}."""
+        """{"device", "region_timing", "op_timing", "regions": {name: {"calls", "seconds"}},
+        "ops": [{"op", "dtype", "shape", "calls", "seconds", "timing", "in_run_seconds", "replayed"}],
+        "replay_errors": [str]}. Call it after recording stopped (the replay calls the kernels)."""
+        timing = in_run_timing(self.device)
         regions = {name: {"calls": len(s), "seconds": sum(self._seconds(s))} for name, s in self._regions.items()}
-        ops = [{"op": op, "dtype": dtype, "shape": dict(shape), "calls": len(s), "seconds": sum(self._seconds(s))}
+        ops = [{"op": op, "dtype": dtype, "shape": dict(shape), "calls": len(s), "seconds": sum(self._seconds(s)),
+                "timing": timing}
                for (op, dtype, shape), s in self._ops.items()]
-        return {"device": "cuda" if self.cuda else "cpu", "regions": regions, "ops": ops}
+        errors: list[str] = []
+        if self.replays() and ops:
+            try:
+                ops, errors = replay_op_seconds(ops, self.dispatcher, self.device)
+            except Exception as exc:  # the in-run times stand, labelled as such
+                errors = [f"replay failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]]
+        labels = sorted({o["timing"] for o in ops})
+        return {"device": "cuda" if self.cuda else "cpu", "region_timing": timing,
+                "op_timing": "+".join(labels) if labels else None,
+                "regions": regions, "ops": ops, "replay_errors": errors}
+
+
+def interpolate(x: float, points: list[tuple[float, float]]) -> float:
+    """y at `x` on the piecewise-linear curve through `points` (sorted by x), flat beyond the ends."""
+    if not points:
+        raise ValueError("interpolate: no points")
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def _sample_indices(n: int, samples: int) -> list[int]:
+    """Up to `samples` indices evenly spread over range(n), always the first and the last."""
+    if n <= samples:
+        return list(range(n))
+    if samples <= 1:
+        return [n - 1]
+    return sorted({round(i * (n - 1) / (samples - 1)) for i in range(samples)})
+
+
+def _serving_variant(dispatcher: "Dispatcher", spec: OpSpec, dtype: str, bucket: str) -> Callable[..., Any]:
+    """The function that served (op, dtype, bucket) in the run (after any fallback), called directly:
+    a replay that raises must not demote a variant in the live dispatcher."""
+    chain = dispatcher.resolve(spec, dtype, bucket)
+    name = dispatcher.ops[spec.name].variants_in_use().get(f"{dtype} {bucket}") if spec.name in dispatcher.ops else None
+    return next((v.fn for v in chain if v.name == name), chain[0].fn)
+
+
+def _replay_one(fn: Callable[..., Any], args: tuple, device: torch.device, warmup: int, reps: int) -> float:
+    """Median seconds per call of `fn(*args)` (kernels.timing: CUDA events after an L2 flush; perf_counter on CPU)."""
+    from kernels.timing import summarize, time_calls
+
+    return summarize(time_calls(lambda: fn(*args), device, warmup=warmup, reps=reps))["median"]
+
+
+def replay_op_seconds(ops: list[dict[str, Any]], dispatcher: "Dispatcher", device: torch.device | str, *,
+                      samples: int = REPLAY_SAMPLES, budget_s: float = REPLAY_BUDGET_S) -> tuple[list[dict[str, Any]], list[str]]:
+    """`ops` (a Recorder's op entries) with seconds = calls x replayed seconds per call, and the errors.
+
+    Per (op, dtype, bucket): the observed shapes sorted by bytes moved (the op's cost model), up to
+    `samples` of them (first, middle, last) replayed on seeded inputs (`spec.make_inputs`) with the
+    variant that served the bucket; every observed shape gets the per-call time interpolated in
+    bytes between the replayed ones. A bucket whose replay raises or that the budget leaves out keeps
+    its in-run seconds and label. Entries gain `in_run_seconds` and `replayed` (its exact shape ran)."""
+    dev = torch.device(device)
+    warmup, reps = REPLAY_REPS["cuda" if dev.type == "cuda" else "cpu"]
+    label = replay_timing(dev)
+    out = [{**o, "in_run_seconds": o["seconds"], "replayed": False} for o in ops]
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for o in out:
+        op = dispatcher.ops.get(o["op"])
+        if op is not None:
+            groups[(o["op"], o["dtype"], op.spec.bucket(o["shape"]))].append(o)
+    errors: list[str] = []
+    deadline = time.perf_counter() + budget_s
+    # costliest buckets first (by in-run time), so a budget cut leaves the cheapest ones
+    for (name, dtype_s, bucket), entries in sorted(groups.items(), key=lambda kv: -sum(e["seconds"] for e in kv[1])):
+        if time.perf_counter() > deadline:
+            errors.append(f"{name} {dtype_s} {bucket}: not replayed (the {budget_s:g} s replay budget was spent)")
+            continue
+        spec = dispatcher.ops[name].spec
+        dtype = parse_dtype(dtype_s)
+        try:
+            fn = _serving_variant(dispatcher, spec, dtype_s, bucket)
+            moved = {id(e): spec.cost(e["shape"], dtype).bytes for e in entries}
+            entries.sort(key=lambda e: moved[id(e)])
+            points = []
+            for i in _sample_indices(len(entries), samples):
+                per_call = _replay_one(fn, spec.make_inputs(entries[i]["shape"], dtype, 0, str(dev)), dev, warmup, reps)
+                points.append((float(moved[id(entries[i])]), per_call))
+                entries[i]["replayed"] = True
+        except Exception as exc:  # out of memory, a kernel that raises on fresh inputs: keep the in-run times
+            errors.append(f"{name} {dtype_s} {bucket}: {type(exc).__name__}: {exc}".splitlines()[0][:300])
+            for e in entries:
+                e["replayed"] = False
+            continue
+        points.sort()
+        for e in entries:
+            e["seconds"] = e["calls"] * interpolate(float(moved[id(e)]), points)
+            e["timing"] = label
+    return out, errors
 
 
 def region(recorder: Recorder | None, name: str) -> ContextManager:

@@ -81,12 +81,15 @@ def compare_tensor(out: Any, expected: torch.Tensor, tol: Tolerance) -> Comparis
     ))
 
 
-def check_outputs(spec: OpSpec, outputs: Any, expected: Any, dtype: torch.dtype) -> Comparison:
-    """Every output of one call against the reference's; the first mismatch is reported."""
+def check_outputs(spec: OpSpec, outputs: Any, expected: Any, dtype: torch.dtype,
+                  shape: Shape | None = None) -> Comparison:
+    """Every output of one call against the reference's; the first mismatch is reported. With `shape`
+    the tolerance is the op's at that shape (`OpSpec.tolerance`: some ops' scale with a dimension);
+    without it, the per-dtype tolerance."""
     outs, exps = as_tuple(outputs), as_tuple(expected)
     if len(outs) != len(exps):
         return _failed(f"returned {len(outs)} outputs, expected {len(exps)}")
-    tol = spec.tolerance(dtype)
+    tol = spec.tolerance(dtype, shape)
     worst_err = worst_fraction = 0.0
     for i, (o, e) in enumerate(zip(outs, exps)):
         c = compare_tensor(o, e, tol)
@@ -116,6 +119,6 @@ def check_impl(
     except Exception as exc:  # a candidate that raises is a failed check, not a crash
         c = _failed(f"raised {type(exc).__name__}: {exc}".splitlines()[0])
     else:
-        c = check_outputs(spec, outputs, expected, dtype)
+        c = check_outputs(spec, outputs, expected, dtype, shape=shape)
     return CheckResult(spec.name, dict(shape), dtype_name(dtype), seed, c.ok, c.max_abs_err, c.tol_fraction, c.reason,
                        dict(variant or {}))

@@ -194,6 +194,11 @@ def vary_rows(xs: list[torch.Tensor], v: Variant, g: torch.Generator, eps: float
     return eps
 
 
+def _first_line(doc: str | None) -> str:
+    lines = [line.strip() for line in (doc or "").strip().splitlines()]
+    return lines[0] if lines else "scaled with the shape"
+
+
 def _unique(cases: list[Case]) -> list[Case]:
     seen: set[str] = set()
     out = []
@@ -224,6 +229,13 @@ class OpSpec:
     variants:     input variants covering the contract (scalars, magnitudes, zero rows, layouts).
     variant_shapes: the small shapes every variant is tried on.
     many_rows:    a shape with many rows and small rows, in the CPU battery (engine shapes on CUDA).
+    tolerance_scale: optional (shape, dtype) -> positive factor multiplying a dtype's atol and rtol at that
+                  shape (`tolerance(dtype, shape)`), for ops whose legitimate rounding error grows with
+                  a dimension (a matmul's float32 accumulation over K); None: tolerances are per dtype
+                  only. Its docstring's first line is what `describe()` quotes.
+    tf32:         precision policy: True if float32 inputs may be computed with TF32 (10-bit mantissa)
+                  on a GPU. False (the default): float32 means IEEE float32 products and sums, and the
+                  float32 tolerance is tight enough that a TF32 kernel fails it.
     """
 
     name: str
@@ -244,6 +256,8 @@ class OpSpec:
     variants: tuple[dict[str, Any], ...] = ()
     variant_shapes: tuple[dict[str, int], ...] = ()
     many_rows: dict[str, int] | None = None
+    tolerance_scale: Callable[[Shape, torch.dtype], float] | None = None
+    tf32: bool = False
 
     def battery(self, device: str) -> list[Case]:
         """Every case a candidate must pass on `device` (each dtype, each seed the judge draws):
@@ -274,11 +288,18 @@ class OpSpec:
             parts.append(f"{key}={size_bucket(value) if key in self.bucketed else value}")
         return ",".join(parts)
 
-    def tolerance(self, dtype: torch.dtype) -> Tolerance:
+    def tolerance(self, dtype: torch.dtype, shape: Shape | None = None) -> Tolerance:
+        """The allowed error for `dtype`; at `shape`, scaled by `tolerance_scale` when the op has one."""
         try:
-            return self.tolerances[dtype]
+            tol = self.tolerances[dtype]
         except KeyError:
             raise ValueError(f"{self.name} does not support dtype {dtype}") from None
+        if shape is None or self.tolerance_scale is None:
+            return tol
+        scale = float(self.tolerance_scale(shape, dtype))
+        if not 0 < scale < math.inf:
+            raise ValueError(f"{self.name}: tolerance scale {scale!r} at {dict(shape)} is not a positive number")
+        return tol if scale == 1.0 else Tolerance(atol=tol.atol * scale, rtol=tol.rtol * scale)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary: what `agent ops --json` prints and what a prompt quotes."""
@@ -292,4 +313,6 @@ class OpSpec:
             "shape_keys": sorted(self.engine_shapes[0]),
             "bucketed": sorted(self.bucketed),
             "engine_shapes": [dict(s) for s in self.engine_shapes],
+            "tolerance_scale": _first_line(self.tolerance_scale.__doc__) if self.tolerance_scale else None,
+            "tf32": self.tf32,
         }

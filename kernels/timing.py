@@ -14,15 +14,11 @@ the flush's cost lands inside the timed region (kept to measure the difference: 
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 from typing import Any, Callable, Literal, Union
 
 import torch
 
-from kernels.device import cache_root, device_fingerprint
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # well above any current GPU's L2 (H100/H200: 50 MB)
 FLUSH_KINDS = ("write", "read")
@@ -161,23 +157,3 @@ def measure_copy_bandwidth(device: str | torch.device, nbytes: int | None = None
     seconds = summarize(samples)["median"]
     del src, dst
     return 2 * nbytes / seconds
-
-
-def cached_copy_bandwidth(device: str | torch.device) -> float:
-    """`measure_copy_bandwidth`, measured once per device fingerprint and cached in <cache>/bandwidth.json."""
-    path = cache_root() / "bandwidth.json"
-    key = device_fingerprint(device)
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    cached = cached if isinstance(cached, dict) else {}
-    if isinstance(cached.get(key), (int, float)):
-        return float(cached[key])
-    cached[key] = value = measure_copy_bandwidth(device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bandwidth-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(cached, f, indent=1)
-    os.replace(tmp, path)
-    return value

@@ -8,15 +8,25 @@ Rows (their shares add up to 100% of engine step time):
   sampling                        logits -> tokens, logprobs
   scheduling                      batch selection and building the ForwardBatch
   python overhead                 the rest of the step: bookkeeping, detokenizing, queues
+
+Every row says where its seconds come from (`timing`, see engine/recorder.py): op rows the op
+timing (`cpu-wall` on CPU; on CUDA `cuda-kernel-replay`, device time, or `cuda-events` where no
+replay ran), the other rows the region timing (`cpu-wall` or `cuda-events`). With device times for
+ops, the host's launch gaps between op kernels land in "other model compute".
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
+
+import torch
 
 from kernels.ops import OPS
+from kernels.roofline import Rates
 from kernels.spec import parse_dtype
+
+RatesFor = Callable[[torch.dtype], Rates]  # the device's roofline for calls in a dtype (kernels.roofline)
 
 
 def _bucket_rows(op: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -33,7 +43,15 @@ def _bucket_rows(op: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(folded.values(), key=lambda r: -r["seconds"])
 
 
-def op_rows(raw: dict[str, Any], bandwidth: float | None) -> list[dict[str, Any]]:
+def region_timing(raw: dict[str, Any]) -> str:
+    """How the step regions were timed (raw from an engine that does not say: from its device)."""
+    return raw.get("region_timing") or ("cuda-events" if raw.get("device") == "cuda" else "cpu-wall")
+
+
+def op_rows(raw: dict[str, Any], rates: RatesFor | None) -> list[dict[str, Any]]:
+    """One row per op. roofline_pct: the least time the calls could take on the device (each call's
+    max(bytes / copy bandwidth, FLOPs / matmul peak), kernels.roofline) over the time they took;
+    bound: the side of the roofline most of that least time is on."""
     by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for c in raw.get("ops", []):
         if c["op"] in OPS:
@@ -44,25 +62,34 @@ def op_rows(raw: dict[str, Any], bandwidth: float | None) -> list[dict[str, Any]
         spec = OPS[op]
         seconds = sum(c["seconds"] for c in calls)
         n = sum(c["calls"] for c in calls)
-        moved = sum(spec.cost(c["shape"], parse_dtype(c["dtype"])).bytes * c["calls"] for c in calls)
+        costs = [(spec.cost(c["shape"], parse_dtype(c["dtype"])), parse_dtype(c["dtype"]), c["calls"]) for c in calls]
+        moved = sum(cost.bytes * k for cost, _, k in costs)
         achieved = moved / seconds if seconds > 0 else None
+        least = {"memory": 0.0, "compute": 0.0}
+        for cost, dtype, k in costs if rates else ():
+            r = rates(dtype)
+            least[r.bound(cost)] += k * r.seconds(cost)
+        floor = least["memory"] + least["compute"]
+        timing = "+".join(sorted({c.get("timing") or region_timing(raw) for c in calls}))
         rows.append({
             "name": op, "kind": "op", "calls": n, "total_s": seconds, "mean_us": 1e6 * seconds / n if n else 0.0,
+            "timing": timing, "in_run_s": sum(c.get("in_run_seconds", c["seconds"]) for c in calls),
             "variant": ", ".join(sorted(set(variants.get(op, {}).values()))) or None,
             "bytes_per_s": achieved,
-            "roofline_pct": 100 * achieved / bandwidth if achieved and bandwidth else None,
+            "roofline_pct": 100 * floor / seconds if floor and seconds > 0 else None,
+            "bound": max(least, key=least.get) if floor else None,
             "shapes": _bucket_rows(op, calls),
         })
     return rows
 
 
-def _other(name: str, seconds: float, calls: int) -> dict[str, Any]:
+def _other(name: str, seconds: float, calls: int, timing: str) -> dict[str, Any]:
     return {"name": name, "kind": "other", "calls": calls, "total_s": max(seconds, 0.0),
-            "mean_us": 1e6 * max(seconds, 0.0) / calls if calls else 0.0, "variant": None,
-            "bytes_per_s": None, "roofline_pct": None, "shapes": []}
+            "mean_us": 1e6 * max(seconds, 0.0) / calls if calls else 0.0, "timing": timing, "variant": None,
+            "bytes_per_s": None, "roofline_pct": None, "bound": None, "shapes": []}
 
 
-def profile_rows(raw: dict[str, Any], bandwidth: float | None) -> list[dict[str, Any]]:
+def profile_rows(raw: dict[str, Any], rates: RatesFor | None) -> list[dict[str, Any]]:
     """Every row with its share of step time, largest first."""
     regions = raw.get("regions", {})
 
@@ -72,16 +99,18 @@ def profile_rows(raw: dict[str, Any], bandwidth: float | None) -> list[dict[str,
     def calls(name: str) -> int:
         return regions.get(name, {}).get("calls", 0)
 
-    rows = op_rows(raw, bandwidth)
+    rows = op_rows(raw, rates)
     ops_s = sum(r["total_s"] for r in rows)
+    timing = region_timing(raw)
     rows += [
-        _other("matmul", secs("matmul"), calls("matmul")),
-        _other("attention (prefill, torch)", secs("attention_prefill"), calls("attention_prefill")),
+        _other("matmul", secs("matmul"), calls("matmul"), timing),
+        _other("attention (prefill, torch)", secs("attention_prefill"), calls("attention_prefill"), timing),
         _other("other model compute", secs("forward") - ops_s - secs("matmul") - secs("attention_prefill"),
-               calls("forward")),
-        _other("sampling", secs("sample"), calls("sample")),
-        _other("scheduling", secs("schedule"), calls("schedule")),
-        _other("python overhead", secs("step") - secs("forward") - secs("sample") - secs("schedule"), calls("step")),
+               calls("forward"), timing),
+        _other("sampling", secs("sample"), calls("sample"), timing),
+        _other("scheduling", secs("schedule"), calls("schedule"), timing),
+        _other("python overhead", secs("step") - secs("forward") - secs("sample") - secs("schedule"), calls("step"),
+               timing),
     ]
     total = sum(r["total_s"] for r in rows)  # == step time up to clock noise (negative remainders clamp to 0)
     for r in rows:

@@ -10,13 +10,16 @@ from typing import Any, Callable
 
 import httpx
 
+from engine.recorder import REPLAY_BUDGET_S
 from kernels.device import default_device, device_fingerprint
 from kernels.errors import KernelloopError
-from kernels.timing import cached_copy_bandwidth
+from kernels.roofline import device_rates
 from profiler.profile import assemble
 from profiler.workload import WorkloadRequest, summarize_latencies
 
 CONNECT_TIMEOUT_S = 5.0
+# /profile/stop on a GPU engine replays each observed op shape (engine/recorder.py) before answering
+STOP_TIMEOUT_S = 30.0 + REPLAY_BUDGET_S
 
 
 class EngineUnreachable(KernelloopError):
@@ -89,14 +92,15 @@ def profile_url(url: str, workload: list[WorkloadRequest], *, concurrency: int =
     if time.perf_counter() > deadline and len(ttft) < len(workload):
         reason = reason or f"stopped after {seconds:g} s with {len(ttft)}/{len(workload)} requests done"
     try:
-        raw = client.post(f"{url}/profile/stop", timeout=30.0).json().get("raw") or {}
+        raw = client.post(f"{url}/profile/stop", timeout=STOP_TIMEOUT_S).json().get("raw") or {}
     except (httpx.HTTPError, ValueError) as exc:
         reason = f"the engine stopped answering ({type(exc).__name__}); per-op figures are lost"
     finally:
         client.close()
     device = health.get("device", "unknown")
     local = default_device()
-    bandwidth = cached_copy_bandwidth(local) if device == device_fingerprint(local) else None
+    # the roofline is measured here, so it describes the engine only when the engine runs on this device
+    rates = (lambda dtype: device_rates(local, dtype)) if device == device_fingerprint(local) else None
     return assemble(raw, device=device, engine=url, model=model, kernels=health.get("kernels", "unknown"),
                     wall_seconds=wall, requests=len(ttft), latencies=summarize_latencies(ttft, tpot),
-                    bandwidth=bandwidth, partial_reason=reason)
+                    rates=rates, partial_reason=reason)

@@ -10,20 +10,28 @@ from typing import Any, Callable
 import torch
 
 from engine.engine import Engine
+from engine.recorder import OP_TIMINGS
 from engine.sampling import SamplingParams
-from kernels.timing import cached_copy_bandwidth
+from kernels.roofline import device_rates
 from profiler.profile import assemble
 from profiler.workload import WorkloadRequest, summarize_latencies
 
 
 def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurrency: int = 8,
-                   seconds: float | None = None, trace_path: Path | None = None,
+                   seconds: float | None = None, trace_path: Path | None = None, op_timing: str = "auto",
                    progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
     """Run `workload` (at most `concurrency` requests at once, at most `seconds`) and profile it.
 
     With `trace_path`, a torch.profiler Chrome trace (every op and step region labelled
     `kernelloop::<name>`) is written there; it opens in Perfetto (ui.perfetto.dev) or chrome://tracing.
+
+    `op_timing` (engine/recorder.py): "auto" gives op rows device times on CUDA (each observed op
+    and shape replayed after the run with the variant that served it) and perf_counter times on
+    CPU; "replay" replays on CPU too (the rehearsal of the GPU path); "in-run" keeps the in-run
+    brackets. Each row's `timing` says which source its seconds come from.
     """
+    if op_timing not in OP_TIMINGS:
+        raise ValueError(f"op_timing must be one of {', '.join(OP_TIMINGS)}, not {op_timing!r}")
     tok = engine.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(w.messages), add_special_tokens=False) for w in workload]
     pending = list(range(len(workload)))
@@ -38,6 +46,7 @@ def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurren
         activities=[torch.profiler.ProfilerActivity.CPU]
         + ([torch.profiler.ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])) if trace_path else nullcontext()
     engine.start_recording(trace=trace_path is not None)
+    engine.recorder.attach(engine.kernels, op_timing)
     start = time.perf_counter()
     try:
         with torch_trace:
@@ -73,4 +82,4 @@ def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurren
         torch_trace.export_chrome_trace(str(trace_path))
     return assemble(raw, device=engine.kernels.device, engine="in-process", model=str(engine.model_dir),
                     kernels=engine.kernels.mode, wall_seconds=wall, requests=done,
-                    latencies=summarize_latencies(ttft, tpot), bandwidth=cached_copy_bandwidth(engine.device))
+                    latencies=summarize_latencies(ttft, tpot), rates=lambda dtype: device_rates(engine.device, dtype))

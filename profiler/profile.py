@@ -2,8 +2,12 @@
 
     device, engine, model, kernels, partial, partial_reason, wall_seconds, busy_seconds, steps,
     requests, output_tokens, tokens_per_second, ttft_ms_median, tpot_ms_median, prefix_hit_rate,
-    timing_label, rows: [{name, kind, calls, total_s, mean_us, share, variant, bytes_per_s,
-    roofline_pct, shapes: [{dtype, bucket, shape, calls, seconds}]}]
+    timing_label, op_timing, region_timing, replay_errors, rows: [{name, kind, calls, total_s,
+    mean_us, share, timing, in_run_s (op rows), variant, bytes_per_s, roofline_pct, bound,
+    shapes: [{dtype, bucket, shape, calls, seconds}]}]
+
+op_timing / region_timing / each row's timing: where the seconds come from (engine/recorder.py):
+cpu-wall, cuda-events (in-run brackets), cuda-kernel-replay (device time), cpu-wall-replay.
 """
 
 from __future__ import annotations
@@ -12,11 +16,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kernels.device import CPU_INTERPRETER
-from profiler.analysis import profile_rows
+from profiler.analysis import RatesFor, profile_rows, region_timing
 
 
 def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kernels: str, wall_seconds: float,
-             requests: int, latencies: dict[str, Any], bandwidth: float | None, partial_reason: str = "") -> dict[str, Any]:
+             requests: int, latencies: dict[str, Any], rates: RatesFor | None, partial_reason: str = "") -> dict[str, Any]:
     counters = raw.get("counters", {})
     regions = raw.get("regions", {})
     output_tokens = counters.get("generated_tokens", 0)
@@ -25,6 +29,9 @@ def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kerne
         "created_at": datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
         "device": device, "engine": engine, "model": model, "kernels": kernels,
         "timing_label": CPU_INTERPRETER if device == CPU_INTERPRETER else "cuda",
+        "op_timing": (raw.get("op_timing") or region_timing(raw)) if raw else None,
+        "region_timing": region_timing(raw) if raw else None,
+        "replay_errors": list(raw.get("replay_errors") or []),
         "partial": bool(partial_reason), "partial_reason": partial_reason,
         "wall_seconds": wall_seconds,
         "busy_seconds": regions.get("step", {}).get("seconds", 0.0),
@@ -33,5 +40,5 @@ def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kerne
         "tokens_per_second": output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
         **latencies,
         "prefix_hit_rate": counters.get("cached_prompt_tokens", 0) / prompt if prompt else None,
-        "rows": profile_rows(raw, bandwidth) if raw else [],
+        "rows": profile_rows(raw, rates) if raw else [],
     }

@@ -49,8 +49,9 @@ def runtime_failure(v: Verdict, facts: dict[str, Any], where: str) -> bool:
 
 def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], record: dict[str, Any],
                outputs: list[torch.Tensor], inputs_after: list[torch.Tensor], inputs: list[torch.Tensor],
-               expected: Any, device: str) -> Comparison | None:
-    """One checked call of the candidate. Returns the comparison when the outputs were compared."""
+               expected: Any, device: str, shape: dict[str, int]) -> Comparison | None:
+    """One checked call of the candidate at `shape` (the op's tolerance there). Returns the comparison
+    when the outputs were compared."""
     if runtime_failure(v, facts, where):
         return None
     ops = facts.get("torch_ops") if isinstance(facts.get("torch_ops"), list) else []
@@ -82,7 +83,7 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
             v.fail("input-mutated", f"{where}: input {j} changed")
             return None
     got = tuple(outputs) if len(outputs) > 1 else outputs[0]
-    comparison = check_outputs(spec, got, expected, want[0].dtype)
+    comparison = check_outputs(spec, got, expected, want[0].dtype, shape=shape)
     if not comparison.ok:
         v.fail("mismatch", f"{where}: {comparison.reason}")
     elif not facts.get("launches"):

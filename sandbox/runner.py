@@ -178,7 +178,8 @@ class Sandbox:
         self._start_s += time.monotonic() - t0
         return child, {**load, "isolation": ready.get("isolation", {})}
 
-    def _answer(self, v: Verdict, spec: OpSpec, runner: Child, where: str, args: tuple, expected: Any) -> _Trial | None:
+    def _answer(self, v: Verdict, spec: OpSpec, runner: Child, where: str, args: tuple, expected: Any,
+                shape: dict[str, int]) -> _Trial | None:
         """Collect and judge the runner's answer to the call just sent. None after a failure."""
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         want = expected if isinstance(expected, tuple) else (expected,)
@@ -186,7 +187,7 @@ class Sandbox:
             e.numel() * e.element_size() for e in want) + (1 << 20)
         outputs, facts, record, after = runner.receive_result(limit)
         comparison = judging.judge_call(v, spec, where, facts, record, outputs, after, inputs, expected,
-                                        self.options.device)
+                                        self.options.device, shape)
         trial = _Trial(where, self._phase, inputs, outputs, record, limit, comparison)
         if v.failure is not None:
             judging.add_check(v, where, comparison)
@@ -228,11 +229,11 @@ class Sandbox:
         return seconds if v.failure is None else None
 
     def _checked_call(self, v: Verdict, spec: OpSpec, runner: Child, replayer: Child, where: str,
-                      args: tuple, expected: Any) -> float | None:
+                      args: tuple, expected: Any, shape: dict[str, int]) -> float | None:
         """Call, judge, replay, judge the replay, one after the other (timing: nothing else runs meanwhile).
         Returns the replay's seconds, None after a failure."""
         runner.send_call(args)
-        trial = self._answer(v, spec, runner, where, args, expected)
+        trial = self._answer(v, spec, runner, where, args, expected, shape)
         if trial is None:
             return None
         replayer.start_replay(trial.record, trial.inputs)
@@ -264,7 +265,7 @@ class Sandbox:
             expected = spec.reference(*args)
             if pending is not None and self._replay_outcome(v, replayer, pending) is None:
                 return
-            pending = self._answer(v, spec, runner, where, args, expected)
+            pending = self._answer(v, spec, runner, where, args, expected, trial["shape"])
             if pending is None:
                 return
             check.note(trial, pending.record)
@@ -327,7 +328,7 @@ class Sandbox:
                 where = f"timing round {r} ({judging.label(shape, dtype)})"
                 for side in order:
                     target = v if side == "candidate" else Verdict(op=spec.name, device="", file="", sha256="")
-                    seconds = self._checked_call(target, spec, *sides[side], where, args, expected)
+                    seconds = self._checked_call(target, spec, *sides[side], where, args, expected, shape)
                     if side == "baseline" and target.failure:
                         raise Refused("crash", f"the timing baseline ({base_label}) failed: {target.reason}")
                     if seconds is None:

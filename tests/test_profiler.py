@@ -10,9 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.engine import Engine, EngineConfig
 from kernels.ops import OPS
+from kernels.roofline import Rates
 from profiler.analysis import profile_rows
 from profiler.http import profile_url
 from profiler.inprocess import profile_engine
@@ -71,7 +73,7 @@ def test_shares_add_up_even_when_clocks_disagree() -> None:
                        "matmul": {"calls": 4, "seconds": 0.5}, "sample": {"calls": 2, "seconds": 0.2},
                        "schedule": {"calls": 2, "seconds": 0.05}},
            "ops": [{"op": "rmsnorm", "dtype": "float32", "shape": {"tokens": 3, "hidden": 64}, "calls": 5, "seconds": 0.5}]}
-    rows = {r["name"]: r for r in profile_rows(raw, bandwidth=1e9)}
+    rows = {r["name"]: r for r in profile_rows(raw, rates=lambda dtype: Rates(1e9, 1e12))}
     assert rows["other model compute"]["total_s"] == 0.0  # 0.9 - 0.5 - 0.5 < 0: clamped, not negative
     assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0)
     assert rows["rmsnorm"]["shapes"][0]["bucket"] == "hidden=64,tokens=2-16"
@@ -130,3 +132,18 @@ def test_ncu_is_a_clean_skip_without_a_gpu() -> None:
     result = ncu_metrics("rmsnorm", {"tokens": 2, "hidden": 64}, "float32", timeout_s=120)
     assert result["op"] == "rmsnorm" and not result["available"]
     assert result["reason"] and "\n" not in result["reason"] and result["metrics"] == {}
+
+
+def test_roofline_pct_is_the_least_time_over_the_time_taken() -> None:
+    """Each call is held to max(bytes / bandwidth, FLOPs / matmul peak): a device with a slow enough
+    matmul makes the same calls compute-bound and their roofline the FLOPs side."""
+    shape = {"tokens": 3, "hidden": 64}
+    cost = OPS["rmsnorm"].cost(shape, torch.float32)
+    raw = {"regions": {"step": {"calls": 1, "seconds": 1.0}, "forward": {"calls": 1, "seconds": 1.0}},
+           "ops": [{"op": "rmsnorm", "dtype": "float32", "shape": shape, "calls": 4, "seconds": 0.5}]}
+    row = {r["name"]: r for r in profile_rows(raw, rates=lambda dtype: Rates(1e9, 1e15))}["rmsnorm"]
+    assert row["bound"] == "memory" and row["roofline_pct"] == pytest.approx(100 * 4 * cost.bytes / 1e9 / 0.5)
+    slow = cost.flops / (10 * cost.bytes / 1e9)  # FLOPs take 10x as long as the bytes
+    row = {r["name"]: r for r in profile_rows(raw, rates=lambda dtype: Rates(1e9, slow))}["rmsnorm"]
+    assert row["bound"] == "compute" and row["roofline_pct"] == pytest.approx(100 * 4 * cost.flops / slow / 0.5)
+    assert {r["name"]: r for r in profile_rows(raw, rates=None)}["rmsnorm"]["roofline_pct"] is None

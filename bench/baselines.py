@@ -1,24 +1,29 @@
-"""Baseline Triton kernels against torch eager and the copy-bandwidth roofline, for every op.
+"""Baseline Triton kernels against what torch users would run and against the roofline, for every op.
 
     python -m bench.baselines [--device cuda|cpu] [--dtypes bfloat16,float16] [--quick]
-                              [--max-shapes-per-op N] [--ops a,b] [--out-dir DIR] [--strict] [--rehearse]
+                              [--max-shapes-per-op N] [--ops a,b] [--time-budget-s S] [--input-workers N]
+                              [--out-dir DIR] [--strict] [--rehearse]
 
-For each op in `kernels.OPS` (decode_attention first: the only tl.dot kernel, the likeliest to
-fail, measured while the time budget is whole), each shape (engine shapes on CUDA, evenly
-subsampled; test shapes with --quick or on CPU) and each dtype: check `spec.forward` against
-`spec.reference` once (seed 0), time both with `kernels.timing`, and report achieved GB/s and the
-share of the copy-bandwidth roofline measured at the start of the same run. A failing or raising
-kernel becomes a row of the table, never a crash. The table is printed and written with
-`bench.report.write_report`, after every op too ("PARTIAL"), so a run killed by its timeout keeps
-what it measured.
+Rows (`bench.baseline_plan`): each op at its shapes (engine shapes on CUDA, evenly subsampled;
+linear and extend_attention at Llama-3-8B's shapes; test shapes with --quick or on CPU) in each
+dtype; decode rows before prefill rows, the tl.dot kernels first. For each row: check `spec.forward`
+against `spec.reference` once (seed-0 inputs), time it with `kernels.timing` next to its torch
+counterpart (`bench.counterparts`: cuBLAS `F.linear` for linear, SDPA for extend_attention, the
+eager reference for the rest; checked against the reference too), and report GB/s, TFLOP/s and the
+share of the roofline: max(bytes / copy bandwidth, FLOPs / matmul peak in the dtype)
+(`kernels.roofline`), with the side that bounds it. A failing or raising kernel becomes a row of the
+table, never a crash. Inputs are drawn on the CPU by worker threads ahead of their rows
+(`bench.prefetch`). The table is printed and written with `bench.report.write_report`, after every
+group of rows too ("PARTIAL"), so a run killed by its timeout keeps what it measured.
 
 `--rehearse` (gpu_check.sh's CPU rehearsal) runs the same path on CPU through Triton's interpreter
-(TRITON_INTERPRET=1): every test shape, bfloat16 only, a 30 s time budget.
+(TRITON_INTERPRET=1): two test shapes per op, bfloat16 only, a 30 s time budget.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -28,24 +33,22 @@ from typing import Any, Sequence
 import torch
 
 import kernels  # noqa: F401  (configures Triton before any kernel module is imported)
+from bench.baseline_plan import gpu_order, groups, plan_rows  # noqa: F401  (gpu_order: bench.tune_gpu imports it here)
+from bench.counterparts import Counterpart, counterpart
+from bench.prefetch import InputPrefetcher, default_workers, to_device
 from bench.rehearse import step_device
 from bench.report import device_facts, print_table, write_report
 from kernels import OPS
 from kernels.compare import check_outputs
 from kernels.device import default_device, device_fingerprint, triton_interpreted
-from kernels.spec import OpSpec, Shape, dtype_name, parse_dtype, pick_shapes
+from kernels.roofline import Rates, matmul_peak
+from kernels.spec import OpSpec, Shape, dtype_name, parse_dtype
 from kernels.timing import auto_reps, measure_copy_bandwidth, summarize, time_calls
 
 DEFAULT_MAX_SHAPES = 12  # evenly spaced over engine_shapes: every model, decode and prefill
 DEFAULT_TIME_BUDGET_S = 210.0  # rows left when it is spent are reported as skipped
-FIRST_OPS = ("decode_attention",)  # the only tl.dot kernel, the likeliest to fail: measured first
-REHEARSAL = {"dtypes": "bfloat16", "max_shapes_per_op": 0, "time_budget_s": 30.0}  # 0: every test shape
-
-
-def gpu_order(names: Sequence[str]) -> list[str]:
-    """`names` with FIRST_OPS first (in that order), the rest in their given order."""
-    first = [n for n in FIRST_OPS if n in names]
-    return first + [n for n in names if n not in first]
+# Two test shapes per op (first and last) prove each step's path; tests/test_ops.py checks them all.
+REHEARSAL = {"dtypes": "bfloat16", "max_shapes_per_op": 2, "time_budget_s": 30.0}
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,13 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()  # surfaces asynchronous kernel errors here, inside the try
 
 
-def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: str, policy: RepPolicy,
-              copy_bw: float, problems: list[str]) -> dict[str, Any]:
-    """One table row: check, Triton and eager medians, speedup, GB/s, % of roofline."""
+def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: str, policy: RepPolicy, rates: Rates,
+              problems: list[str], inputs: tuple | None = None) -> dict[str, Any]:
+    """One table row: check, Triton and torch medians, speedup, GB/s, TFLOP/s, % of roofline, bound.
+    `inputs`: the row's seed-0 inputs drawn on the CPU (moved to `device` here); None draws them here."""
     row: dict[str, Any] = {"op": spec.name, "shape": shape_str(shape), "dtype": dtype_name(dtype), "check": "ok",
-                           "triton us": None, "eager us": None, "speedup": None, "GB/s": None, "% roofline": None}
+                           "triton us": None, "torch us": None, "torch": None, "torch err/tol": None,
+                           "speedup": None, "GB/s": None, "TFLOP/s": None, "% roofline": None, "bound": None}
     where = f"{spec.name} {row['shape']} {row['dtype']}"
 
     def problem(kind: str, exc: BaseException | str) -> None:
@@ -97,7 +102,7 @@ def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: str, polic
             row["check"] = f"{kind}: {text}"[:60]
 
     try:
-        args = spec.make_inputs(shape, dtype, 0, device)
+        args = to_device(inputs, device) if inputs is not None else spec.make_inputs(shape, dtype, 0, device)
     except Exception as exc:
         problem("error in make_inputs", exc)
         return row
@@ -116,52 +121,106 @@ def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: str, polic
         problem("error in forward", exc)
     if forward_ran and expected is not None:
         verdict = check_outputs(spec, out, expected, dtype, shape=shape)
-        ok, reason = verdict.ok, verdict.reason
-        if not ok:
-            problem("FAIL", reason)
-    del expected, out
-    triton_s = eager_s = None
+        if not verdict.ok:
+            problem("FAIL", verdict.reason)
+    del out
+    torch_cp = None
+    try:
+        torch_cp = against_torch(spec, args, expected, dtype, shape, device, row)
+    except Exception as exc:
+        problem("error in the torch counterpart", exc)
+    del expected
+    triton_s = torch_s = None
     if forward_ran:
         try:
             triton_s = measure(lambda: spec.forward(*args), device, policy)
         except Exception as exc:
             problem("error timing forward", exc)
-    try:
-        eager_s = measure(lambda: spec.reference(*args), device, policy)
-    except Exception as exc:
-        problem("error timing reference", exc)
+    if torch_cp is not None:
+        try:
+            with torch_cp.context():
+                torch_s = measure(torch_cp.call, device, policy)
+        except Exception as exc:
+            problem("error timing torch", exc)
     if triton_s:
         row["triton us"] = triton_s * 1e6
         try:
-            nbytes = spec.cost(shape, dtype).bytes
-            row["GB/s"] = nbytes / triton_s / 1e9
-            row["% roofline"] = 100.0 * (nbytes / copy_bw) / triton_s if copy_bw > 0 else None
+            cost = spec.cost(shape, dtype)
+            row["GB/s"] = cost.bytes / triton_s / 1e9
+            row["TFLOP/s"] = cost.flops / triton_s / 1e12
+            row["% roofline"] = 100.0 * rates.seconds(cost) / triton_s
+            row["bound"] = rates.bound(cost)
         except Exception as exc:
             problem("error in cost", exc)
-    if eager_s:
-        row["eager us"] = eager_s * 1e6
-    if triton_s and eager_s:
-        row["speedup"] = eager_s / triton_s
+    if torch_s:
+        row["torch us"] = torch_s * 1e6
+    if triton_s and torch_s:
+        row["speedup"] = torch_s / triton_s
     return row
 
 
-def run_notes(device: str, policy: RepPolicy, copy_bw: float, engine: bool, args: argparse.Namespace,
-              dtypes: list[torch.dtype]) -> list[str]:
+def against_torch(spec: OpSpec, args: tuple, expected: Any, dtype: torch.dtype, shape: Shape, device: str,
+                  row: dict[str, Any]) -> Counterpart:
+    """The row's torch counterpart (`bench.counterparts`), its output checked against the reference:
+    row["torch"] names it, row["torch err/tol"] is its worst error over the op's tolerance (<= 1: within)."""
+    def accept(out: Any) -> bool:
+        return expected is None or check_outputs(spec, out, expected, dtype, shape=shape).ok
+
+    cp = counterpart(spec, args, accept)
+    row["torch"] = cp.label
+    if cp.checked and expected is not None:
+        with cp.context():
+            out = cp.output(cp.call())
+        _sync(device)
+        row["torch err/tol"] = check_outputs(spec, out, expected, dtype, shape=shape).tol_fraction
+    return cp
+
+
+def device_rates(device: str, dtypes: Sequence[torch.dtype], copy_bw: float, log: Any) -> dict[torch.dtype, Rates]:
+    """The roofline per dtype: this run's copy bandwidth and `kernels.roofline.matmul_peak` (measured
+    once per device and dtype, then cached); without a peak, the roofline is the bytes alone."""
+    rates = {}
+    for dtype in dtypes:
+        try:
+            peak = matmul_peak(device, dtype)
+        except Exception as exc:
+            peak = math.inf
+            log(f"matmul peak ({dtype_name(dtype)}) failed: {_error(exc)}; roofline from bytes only")
+        rates[dtype] = Rates(copy_bw if copy_bw > 0 else math.inf, peak)
+        log(f"roofline {dtype_name(dtype)}: {copy_bw / 1e9:.1f} GB/s, {peak / 1e12:.1f} TFLOP/s matmul peak")
+    return rates
+
+
+def run_notes(device: str, policy: RepPolicy, rates: dict[torch.dtype, Rates], engine: bool,
+              args: argparse.Namespace, dtypes: list[torch.dtype]) -> list[str]:
     """What the columns mean and how they were measured."""
     timing = ("CUDA events around each call after a 256 MB L2 flush outside the timed region"
               if device == "cuda" else "time.perf_counter per call")
+    peaks = ", ".join(f"{dtype_name(d)} {r.flops_per_s / 1e12:.1f}" for d, r in rates.items())
+    copy_bw = next(iter(rates.values())).bytes_per_s if rates else 0.0
     return [
-        "triton: the op's baseline Triton kernel (`spec.forward`); eager: its torch reference (`spec.reference`, "
-        "float32 math) run eagerly; speedup = eager median / triton median, both measured in this run.",
+        "triton: the op's baseline Triton kernel (`spec.forward`). torch: what a torch user would run instead "
+        "(bench/counterparts.py): linear: F.linear in the input dtype (cuBLAS; float32 in IEEE float32, no "
+        "TF32); extend_attention: scaled_dot_product_attention per request on K/V gathered into a dense layout "
+        "beforehand (untimed), causal (lower-right with a prefix), the backend that ran named; every other op: "
+        "its float32 torch reference run eagerly. speedup = torch median / triton median, both from this run.",
         "check: `spec.forward` against `spec.reference` on seed-0 inputs with the op's tolerance "
-        "(kernels.compare.check_outputs); FAIL or error rows are listed in full below.",
-        f"GB/s = spec.cost(shape, dtype).bytes / triton median. % roofline = (bytes / copy bandwidth) / triton "
-        f"median, with copy bandwidth {copy_bw / 1e9:.1f} GB/s (device-to-device copy, read + write) measured "
-        "at the start of this run.",
+        "(kernels.compare.check_outputs); FAIL or error rows are listed in full below. torch err/tol: the torch "
+        "counterpart's worst error over the same tolerance (<= 1: within it; not a problem when over). Inputs "
+        "are make_inputs' seed-0 values, drawn on the CPU by worker threads ahead of their rows (bench/prefetch.py) "
+        "and moved to the device untimed.",
+        f"GB/s, TFLOP/s: spec.cost(shape, dtype) bytes and FLOPs / triton median. % roofline = roofline time / "
+        f"triton median, roofline time = max(bytes / copy bandwidth, FLOPs / matmul peak) (kernels.roofline); "
+        f"bound: the side that sets it. Copy bandwidth {copy_bw / 1e9:.1f} GB/s (device-to-device copy, read + "
+        f"write, measured at the start of this run); matmul peak in TFLOP/s: {peaks} (a large dense matmul in the "
+        "dtype, float32 without TF32, float32 on CPU; cached per device).",
         f"timing: kernels.timing.time_calls, {timing}; reps chosen to fill ~{policy.target_s * 1e3:.0f} ms "
         f"({policy.min_reps}-{policy.max_reps}); medians.",
         f"shapes: {'engine_shapes' if engine else 'test_shapes'}, evenly subsampled to at most "
-        f"{args.max_shapes_per_op or 'all'} per op; dtypes: {', '.join(dtype_name(d) for d in dtypes)}.",
+        f"{args.max_shapes_per_op or 'all'} per op" + ("; linear and extend_attention at Llama-3-8B's shapes "
+                                                        "(bench/baseline_plan.py)" if engine else "")
+        + f"; dtypes: {', '.join(dtype_name(d) for d in dtypes)}. Order: by dtype, decode rows before prefill "
+          "rows, the tl.dot kernels first.",
     ]
 
 
@@ -171,16 +230,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dtypes", default=None, help="comma-separated (default: bfloat16,float16)")
     p.add_argument("--quick", action="store_true", help="use each op's small test_shapes")
     p.add_argument("--max-shapes-per-op", type=int, default=None,
-                   help=f"evenly subsample each op's shapes to at most N (default {DEFAULT_MAX_SHAPES}; 0: all)")
+                   help=f"evenly subsample each op's shapes to at most N (default {DEFAULT_MAX_SHAPES}; 0: all); "
+                        "linear's and extend_attention's Llama-3-8B lists are not subsampled")
     p.add_argument("--ops", default="", help="comma-separated op names (default: every op)")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help=f"stop measuring after this long; later rows are marked skipped (default "
                         f"{DEFAULT_TIME_BUDGET_S:.0f}; 0: no limit)")
+    p.add_argument("--input-workers", type=int, default=None,
+                   help=f"threads drawing inputs ahead of their rows (default {default_workers()} here)")
     p.add_argument("--out-dir", default=None, help="where the report goes (default: docs/benchmarks)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any check failed or raised")
     p.add_argument("--rehearse", action="store_true",
                    help="the GPU step's path on CPU (needs TRITON_INTERPRET=1): --device cpu --quick, and unless "
-                        "given --dtypes bfloat16 --max-shapes-per-op 0 --time-budget-s 30")
+                        "given --dtypes bfloat16 --max-shapes-per-op 2 --time-budget-s 30")
     args = p.parse_args(argv)
     if args.rehearse:
         if args.device == "cuda":
@@ -190,7 +252,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             if getattr(args, key) is None:
                 setattr(args, key, value)
     defaults = {"dtypes": "bfloat16,float16", "max_shapes_per_op": DEFAULT_MAX_SHAPES,
-                "time_budget_s": DEFAULT_TIME_BUDGET_S}
+                "time_budget_s": DEFAULT_TIME_BUDGET_S, "input_workers": default_workers()}
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -210,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         dtypes = [parse_dtype(d.strip()) for d in args.dtypes.split(",") if d.strip()]
-        names = gpu_order([n.strip() for n in args.ops.split(",") if n.strip()] or list(OPS))
+        names = [n.strip() for n in args.ops.split(",") if n.strip()] or list(OPS)
         specs = [kernels.get_op(n) for n in names]
     except Exception as exc:
         print(f"bench.baselines: {exc}", file=sys.stderr)
@@ -218,58 +280,74 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = device == "cuda" and not args.quick
     policy = CUDA_POLICY if device == "cuda" else CPU_POLICY
     fingerprint = device_fingerprint(device)
+    plan = plan_rows(specs, dtypes, engine, args.max_shapes_per_op)
+    jobs = [i for i, (spec, _, dtype) in enumerate(plan) if dtype in spec.dtypes]
 
     def log(msg: str) -> None:
         print(f"[baselines] {msg}", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
+    # Workers start drawing the first rows' inputs now, while the device is set up and measured.
+    prefetch = InputPrefetcher([plan[i] for i in jobs], workers=args.input_workers) if args.input_workers > 0 else None
     device_facts(device)  # cached now, while the device is surely healthy
-    log(f"device {fingerprint}; measuring copy bandwidth")
+    log(f"device {fingerprint}; {len(plan)} rows; measuring copy bandwidth and matmul peaks")
     try:
         copy_bw = measure_copy_bandwidth(device)
-    except Exception as exc:  # no roofline column then, but the rest of the table still counts
+    except Exception as exc:  # no bandwidth side of the roofline then, but the rest of the table still counts
         copy_bw = 0.0
         log(f"copy bandwidth measurement failed: {_error(exc)}")
-    log(f"copy bandwidth {copy_bw / 1e9:.1f} GB/s")
+    rates = device_rates(device, dtypes, copy_bw, log)
 
     def write(rows: list[dict[str, Any]], problems: list[str], elapsed: float, skipped: int, status: str) -> Path:
-        notes = ([status] if status else []) + run_notes(device, policy, copy_bw, engine, args, dtypes)
+        notes = ([status] if status else []) + run_notes(device, policy, rates, engine, args, dtypes)
         notes += [f"wall time {elapsed:.0f} s; {len(problems)} problem(s); {skipped} row(s) skipped by the "
                   f"{args.time_budget_s:.0f} s time budget."]
         notes += [f"problem: {p}" for p in problems]
-        title = f"Baseline Triton kernels vs torch eager on {fingerprint}"
+        title = f"Baseline Triton kernels vs torch on {fingerprint}"
         return write_report("baselines", title, rows, device=device, notes=notes, out_dir=args.out_dir)
 
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
     skipped_budget = 0
-    for i, spec in enumerate(specs, 1):
-        all_shapes = spec.engine_shapes if engine else spec.test_shapes
-        shapes = pick_shapes(all_shapes, args.max_shapes_per_op)
-        op_start = time.perf_counter()
-        log(f"[{i}/{len(specs)}] {spec.name}: {len(shapes)} of {len(all_shapes)} "
-            f"{'engine' if engine else 'test'} shapes x {len(dtypes)} dtypes")
-        for shape in shapes:
-            for dtype in dtypes:
-                base = {"op": spec.name, "shape": shape_str(shape), "dtype": dtype_name(dtype)}
-                if dtype not in spec.dtypes:
-                    rows.append({**base, "check": "skipped: dtype not supported"})
-                    continue
-                if args.time_budget_s > 0 and time.perf_counter() - start > args.time_budget_s:
-                    rows.append({**base, "check": "skipped: time budget spent"})
-                    skipped_budget += 1
-                    continue
-                try:
-                    rows.append(bench_one(spec, shape, dtype, device, policy, copy_bw, problems))
-                except Exception as exc:  # e.g. out of memory while comparing: still one row, not a crash
-                    problems.append(f"{spec.name} {base['shape']} {base['dtype']}: error: {_error(exc)}")
-                    rows.append({**base, "check": f"error: {_error(exc)}"[:60]})
-                r = rows[-1]
-                us = "-" if r["triton us"] is None else f"{r['triton us']:.1f}"
-                log(f"    {spec.name} {r['shape']} {r['dtype']}: {r['check']}, triton {us} us")
-        log(f"    {spec.name} done in {time.perf_counter() - op_start:.1f} s")
-        if i < len(specs):  # a partial report survives a run killed by its timeout
-            write(rows, problems, time.perf_counter() - start, skipped_budget, f"PARTIAL: stopped after {spec.name}")
+    group_list = list(groups(plan))
+    for g, (label, members) in enumerate(group_list, 1):
+        group_start = time.perf_counter()
+        log(f"[{g}/{len(group_list)}] {label}: {len(members)} rows")
+        for i in members:
+            spec, shape, dtype = plan[i]
+            base = {"op": spec.name, "shape": shape_str(shape), "dtype": dtype_name(dtype)}
+            if dtype not in spec.dtypes:
+                rows.append({**base, "check": "skipped: dtype not supported"})
+                continue
+            if args.time_budget_s > 0 and time.perf_counter() - start > args.time_budget_s:
+                rows.append({**base, "check": "skipped: time budget spent"})
+                skipped_budget += 1
+                if prefetch is not None:  # no more rows will be measured: stop drawing
+                    prefetch.close()
+                    prefetch = None
+                continue
+            try:
+                inputs = None
+                if prefetch is not None:
+                    try:
+                        inputs = prefetch.get(jobs.index(i))
+                    except Exception as exc:  # bench_one draws again and reports it
+                        log(f"    drawing inputs ahead failed ({_error(exc)}); drawing here")
+                rows.append(bench_one(spec, shape, dtype, device, policy, rates[dtype], problems, inputs))
+                del inputs
+            except Exception as exc:  # e.g. out of memory while comparing: still one row, not a crash
+                problems.append(f"{spec.name} {base['shape']} {base['dtype']}: error: {_error(exc)}")
+                rows.append({**base, "check": f"error: {_error(exc)}"[:60]})
+            r = rows[-1]
+            us = "-" if r.get("triton us") is None else f"{r['triton us']:.1f}"
+            torch_us = "-" if r.get("torch us") is None else f"{r['torch us']:.1f}"
+            log(f"    {spec.name} {r['shape']} {r['dtype']}: {r['check']}, triton {us} us, torch {torch_us} us "
+                f"({r.get('torch')})")
+        log(f"    {label} done in {time.perf_counter() - group_start:.1f} s")
+        if g < len(group_list):  # a partial report survives a run killed by its timeout
+            write(rows, problems, time.perf_counter() - start, skipped_budget, f"PARTIAL: stopped after {label}")
+    if prefetch is not None:
+        prefetch.close()
     elapsed = time.perf_counter() - start
     print_table(rows)
     path = write(rows, problems, elapsed, skipped_budget, "")

@@ -4,10 +4,12 @@
 
 Baselines: every op's kernels at every engine shape (kernels/models.py) in bf16, fp16 and fp32.
 Templates: every configuration in each search template's DOMAINS (agent/proposers/templates), at
-the decode shapes of one model (llama-3-8b, 64 tokens). Launches are captured with meta tensors and
-compiled as Triton's JIT would for each target (kernels/target_compile.py); launches that build the
-same cubin are compiled once. `--check` exits 1 when a baseline does not compile or spills
-(templates that do are listed: the search must not propose them on that target).
+the decode shapes of one model (llama-3-8b, 64 tokens; prefill-only ops at its fewest tokens).
+Launches are captured with meta tensors and compiled as Triton's JIT would for each target
+(kernels/target_compile.py); launches that build the same cubin (the same kernel text, constexprs,
+specialisations and options, whichever config rendered it) are compiled once. `--check` exits 1 when
+a baseline does not compile or spills, or a template cannot launch (templates that do not compile or
+spill are listed: the search must not propose them on that target).
 """
 
 from __future__ import annotations
@@ -46,9 +48,23 @@ _MODEL_KEYS = {"hidden": "hidden", "d": "intermediate", "q_heads": "q_heads", "k
 Collected = dict[str, tuple[Launch, list[str]]]  # launch key -> (one launch, every label that makes it)
 
 
+def compile_key(launch: Launch) -> str:
+    """`launch_key` with the kernel's identity replaced by its text (Triton's cache_key: source, line number,
+    dependencies, constexpr globals): every rendered template config is its own module, and configs whose
+    kernels are the same text with the same constexprs and options build the same cubin."""
+    key = launch_key(launch)
+    fn = launch.kernel.fn
+    identity = repr((fn.__module__, fn.__qualname__, id(launch.kernel)))[:-1]
+    if not key.startswith(identity):
+        return key
+    text = launch.kernel.cache_key  # (fills used_global_vals)
+    used = sorted((name, repr(value)) for (name, _), (value, _) in launch.kernel.used_global_vals.items())
+    return repr((text, fn.__qualname__, used)) + key[len(identity):]
+
+
 def _collect(found: Collected, launches: Iterable[Launch], label: str) -> None:
     for launch in launches:
-        key = launch_key(launch)
+        key = compile_key(launch)
         found.setdefault(key, (launch, []))[1].append(f"{label} {launch.name}")
 
 
@@ -67,14 +83,33 @@ def baseline_launches(ops: list[str]) -> Collected:
     return found
 
 
+def _model_dims(model: Any) -> set[int]:
+    """Every projection size of `model` (linear's n and k)."""
+    from kernels.ops.linear import VOCAB
+
+    hd = model.head_dim
+    return {model.hidden, model.intermediate, 2 * model.intermediate, model.q_heads * hd,
+            (model.q_heads + 2 * model.kv_heads) * hd, VOCAB[model.name]}
+
+
 def template_shapes(op: str) -> list[dict[str, int]]:
-    """The op's engine shapes for TEMPLATE_MODEL's dimensions at TEMPLATE_TOKENS tokens (or batch)."""
+    """The op's engine shapes for TEMPLATE_MODEL's dimensions at TEMPLATE_TOKENS tokens (or batch), or at
+    its fewest tokens and largest batch when it has no such shape (prefill-only ops)."""
     model = next(m for m in MODELS if m.name == TEMPLATE_MODEL)
+    dims = _model_dims(model)
     spec = get_op(op)
     shapes = [s for s in spec.engine_shapes
               if all(s[k] == getattr(model, attr) for k, attr in _MODEL_KEYS.items() if k in s)
-              and s.get("tokens", s.get("batch", TEMPLATE_TOKENS)) == TEMPLATE_TOKENS]
-    return shapes or list(spec.engine_shapes[:1])
+              and all(s[k] in dims for k in ("n", "k") if k in s)]
+    if not shapes:
+        return list(spec.engine_shapes[:1])
+    tokens = [s.get("tokens", s.get("batch", TEMPLATE_TOKENS)) for s in shapes]
+    if TEMPLATE_TOKENS in tokens:
+        return [s for s, t in zip(shapes, tokens) if t == TEMPLATE_TOKENS]
+    # Prefill-only ops: the fewest tokens, the largest batch (a batch of 1 specialises to another cubin).
+    shapes = [s for s, t in zip(shapes, tokens) if t == min(tokens)]
+    batch = max(s.get("batch", 0) for s in shapes)
+    return [s for s in shapes if s.get("batch", 0) == batch]
 
 
 def template_configs(op: str) -> list[dict[str, Any]]:
@@ -89,11 +124,11 @@ def template_configs(op: str) -> list[dict[str, Any]]:
 
 def template_launches(ops: list[str]) -> tuple[Collected, list[dict[str, Any]]]:
     """Launches of every template configuration, and the configurations that failed before compiling."""
-    from agent.proposers.templates import module_for
+    from agent.proposers.templates import OP_NAMES, module_for
 
     found: Collected = {}
     broken = []
-    for op in ops:
+    for op in (o for o in ops if o in OP_NAMES):  # ops without search templates have none to compile
         module = module_for(op)
         for config in template_configs(op):
             label = f"{op} " + " ".join(f"{k}={v}" for k, v in config.items())
@@ -182,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
              "no GPU was used. Registers and spills from ptxas -v, shared memory from the kernel's metadata.",
              "Baselines: every op at every engine shape (kernels/models.py) in bf16, fp16, fp32; templates: every "
              f"configuration of each search template at {TEMPLATE_MODEL}'s shapes with {TEMPLATE_TOKENS} tokens "
-             "(bf16). Launches that build the same cubin are compiled once; `used by` names the first.",
+             "(prefill-only ops: its fewest) in bf16. Launches that build the same cubin are compiled once; "
+             "`used by` names the first.",
              f"Baselines that fail or spill: {len(bad_base)}; template configurations that fail or spill: "
              f"{len(bad_templates)}; templates that could not launch: {len(broken)}."]
     notes += [f"{s['kind']}: {s['kernels']} kernels, at most {s['max registers']} registers and "

@@ -6,7 +6,8 @@
 # timeout keeps what was measured), prints a summary table last (per step: status, seconds, what it
 # proved) and exits non-zero if any step failed. A GPU is lent for about 15 minutes, machine start
 # included, so the run gets one try: GPU_CHECK_BUDGET_S (default 480) caps the total, and a step never
-# gets more than what is left. decode_attention, the only tl.dot kernel, goes first inside each step.
+# gets more than what is left. The tl.dot kernels (decode_attention, linear, extend_attention) go first
+# inside each step.
 #
 # --rehearse: on a machine without a GPU (CI runs it), every step's own Python path on CPU with tiny
 # shapes and Triton's interpreter (each bench takes --rehearse), under a 300 s budget, so a step that
@@ -120,8 +121,13 @@ else
     step pytest-gpu 100 "gpu tests: baselines match references at engine shapes, CUDA timing, confined CUDA children, engine" \
         env KERNELLOOP_GPU_TESTS=1 "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT_DIR/pytest-gpu.xml"
 fi
-step baselines 60 "every baseline kernel runs and matches its reference; time and % of copy bandwidth" \
-    "$PYTHON" -m bench.baselines "${R[@]}" --strict --time-budget-s 45 --out-dir "$OUT_DIR"
+# baselines on the GPU: bfloat16; linear (20 rows) and extend_attention (6) at Llama-3-8B shapes, 4
+# engine shapes of every other op: 46 rows, ~36 kernel compiles (~20 s), inputs drawn ahead by worker
+# threads (6e9 values: ~50 s on one thread). Decode rows first, so the 40 s budget cuts prefill rows.
+BASELINES=(--dtypes bfloat16 --max-shapes-per-op 4 --time-budget-s 40)
+((REHEARSE)) && BASELINES=()
+step baselines 60 "every baseline kernel runs and matches its reference; linear vs cuBLAS and extend_attention vs SDPA at Llama-3-8B shapes; % of roofline (bytes or FLOPs)" \
+    "$PYTHON" -m bench.baselines "${R[@]}" "${BASELINES[@]}" --strict --out-dir "$OUT_DIR"
 step sandbox-gpu 70 "the confined sandbox judges honest variants correct and times them; no exploit accepted" \
     "$PYTHON" -m bench.sandbox_gpu "${R[@]}" --out-dir "$OUT_DIR"
 step engine-decode 70 "the engine serves an 8B-shaped model on Triton kernels (no fallback); tokens/s vs bound" \

@@ -146,9 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         "flush ahead of each call, device time on CUDA), and every shape seen is priced by interpolating in bytes "
         "moved; in-run us is the mean in-run bracket per call (a CUDA-event pair on GPU: with eager decode bound by "
         "the host it is mostly launch gap).",
-        f"Shares are of engine step time (regions: {profile['region_timing']}); rows outside the op library (matmul, "
-        "prefill attention, sampling, scheduling, Python) make them add up to 100%; the host's launch gaps between "
-        "op kernels land in 'other model compute'. Profiling runs eagerly (no CUDA graphs).",
+        f"Shares are of engine step time (regions: {profile['region_timing']}); every projection (linear) and both "
+        "attentions are op rows; rows outside the op library (other model compute, sampling, scheduling, Python) "
+        "make them add up to 100%; the host's launch gaps between op kernels land in 'other model compute'. "
+        "Profiling runs eagerly (no CUDA graphs).",
     ]
     notes += [f"replay: {e}" for e in profile.get("replay_errors") or []]
     notes += [f"problem: {p}" for p in found]

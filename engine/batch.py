@@ -3,6 +3,11 @@
 A batch is either `extend` (prefill: each request adds one or more tokens after a possibly cached
 prefix) or `decode` (each request adds exactly one token). Tokens of all requests are packed along
 one axis of length T; per-request data uses the batch order.
+
+`kv_indptr`/`kv_indices` are the pool slots attention reads, as its op takes them: decode reads
+every token of a request (the new token's K/V are written to the pool first), extend only the
+cached prefix (`extend_attention` reads the new tokens' K/V from the projection). Both are built
+on the host, where the request-to-slot table lives, and copied to the device once each.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] int64, position of each token in its sequence
     out_slots: torch.Tensor  # [T] int64, KV slot where each new token's K/V is written
     kv_indptr: torch.Tensor  # [B + 1] int32, request b's slots are kv_indices[kv_indptr[b]:kv_indptr[b+1]]
-    kv_indices: torch.Tensor  # [sum(seq_lens)] int64, every token of each request (prefix + new)
+    kv_indices: torch.Tensor  # int64, decode: every token of each request; extend: its cached prefix only
+    qo_indptr: torch.Tensor | None  # extend: [B + 1] int32, request b's new tokens are rows qo_indptr[b]:qo_indptr[b+1]
     seq_lens: list[int]  # per request: tokens after this forward (prefix + new)
     extend_lens: list[int]  # per request: new tokens in this forward (1 for decode)
     last_token_index: torch.Tensor  # [B] int64, index in T of each request's last token (logits rows)
@@ -38,23 +44,35 @@ class ForwardBatch:
     @classmethod
     def build(cls, mode: Mode, input_ids: list[list[int]], prefix_lens: list[int],
               slots_per_request: list[torch.Tensor], device: str | torch.device) -> "ForwardBatch":
-        """From per-request new token ids, cached prefix lengths and all slots (prefix + new)."""
+        """From per-request new token ids, cached prefix lengths and all slots (prefix + new, on the host)."""
         extend_lens = [len(ids) for ids in input_ids]
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
         positions = [torch.arange(p, s, dtype=torch.int64) for p, s in zip(prefix_lens, seq_lens)]
         out_slots = [slots[p:] for slots, p in zip(slots_per_request, prefix_lens)]
-        indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
-        indptr[1:] = torch.cumsum(torch.tensor(seq_lens, dtype=torch.int64), 0)
-        last = torch.cumsum(torch.tensor(extend_lens, dtype=torch.int64), 0) - 1
+        new_ends = torch.cumsum(torch.tensor(extend_lens, dtype=torch.int64), 0)
+        if mode == "decode":
+            read_lens, read = seq_lens, list(slots_per_request)
+            qo_indptr = None
+        else:
+            read_lens, read = prefix_lens, [slots[:p] for slots, p in zip(slots_per_request, prefix_lens)]
+            qo_indptr = _indptr(new_ends).to(device)
         flat = [t for ids in input_ids for t in ids]
         return cls(
             mode=mode,
             input_ids=torch.tensor(flat, dtype=torch.int64, device=device),
             positions=torch.cat(positions).to(device),
             out_slots=torch.cat(out_slots).to(device),
-            kv_indptr=indptr.to(device),
-            kv_indices=torch.cat(list(slots_per_request)).to(device),
+            kv_indptr=_indptr(torch.cumsum(torch.tensor(read_lens, dtype=torch.int64), 0)).to(device),
+            kv_indices=torch.cat(read).to(device),
+            qo_indptr=qo_indptr,
             seq_lens=seq_lens,
             extend_lens=extend_lens,
-            last_token_index=last.to(device),
+            last_token_index=(new_ends - 1).to(device),
         )
+
+
+def _indptr(ends: torch.Tensor) -> torch.Tensor:
+    """[B + 1] int32 offsets from per-request cumulative ends."""
+    indptr = torch.zeros(ends.numel() + 1, dtype=torch.int32)
+    indptr[1:] = ends
+    return indptr

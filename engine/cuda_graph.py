@@ -4,7 +4,9 @@ A decode step launches a few hundred small kernels; replaying a graph removes th
 cost. Inputs are copied into static buffers; a batch is padded up to the next captured size with
 dummy requests that have no KV tokens (their attention output is 0) and write their K/V to the
 reserved slot 0. Graphs bake in the kernels dispatch chose, so they are recaptured after a
-kernel reload that changed anything.
+kernel reload that changed anything. Capture needs a decode forward that never reads a device value
+on the host (no `.item()`, `.tolist()`, data-dependent shapes): every op's launcher sizes its grid
+and workspaces from shapes only (tests/test_engine_attention.py runs it on meta tensors).
 """
 
 from __future__ import annotations
@@ -86,5 +88,5 @@ class DecodeGraphs:
         return ForwardBatch(
             mode="decode", input_ids=self.input_ids[:bs], positions=self.positions[:bs],
             out_slots=self.out_slots[:bs], kv_indptr=self.kv_indptr[:bs + 1], kv_indices=self.kv_indices,
-            seq_lens=[0] * bs, extend_lens=[1] * bs, last_token_index=self.last[:bs],
+            qo_indptr=None, seq_lens=[0] * bs, extend_lens=[1] * bs, last_token_index=self.last[:bs],
         )

@@ -179,7 +179,7 @@ class Engine:
     def start_recording(self, trace: bool = False) -> None:
         """Time every step's regions and every op call until `stop_recording()` (between steps)."""
         rec = Recorder(self.device, trace=trace, dispatcher=self.kernels)
-        self.recorder = self.model.recorder = rec
+        self.recorder = rec
         self.kernels.observer = rec.op
         self._stats_at_start = dict(self.stats)
 
@@ -188,7 +188,7 @@ class Engine:
         rec = self.recorder
         if rec is None:
             return {}
-        self.recorder = self.model.recorder = None
+        self.recorder = None
         self.kernels.observer = None
         raw = rec.collect()
         raw["counters"] = {k: v - self._stats_at_start.get(k, 0) for k, v in self.stats.items()}

@@ -1,8 +1,8 @@
 """The Llama-family decoder, in the engine's layout: fused qkv and gate_up projections.
 
-Every hot op (rmsnorm, fused_add_rmsnorm, rope, silu_mul, decode_attention) goes through the
-kernels Dispatcher, so a registry change reaches the model at the next `reload()`. Matmuls and
-prefill attention are torch.
+Every op of the forward but the embedding lookup (linear for each projection, rmsnorm,
+fused_add_rmsnorm, rope, silu_mul, extend_attention, decode_attention) goes through the kernels
+Dispatcher, so a registry change reaches the model at the next `reload()`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from engine.attention import attention
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig
 from engine.memory import KVPool
-from engine.recorder import Recorder, region, timed
 from engine.rotary import cos_sin_cache
 from kernels.dispatch import Dispatcher
 
@@ -48,16 +47,12 @@ class LlamaModel:
                         else torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device))
         self.cos_sin_cache = cos_sin_cache(config.rope, config.head_dim, config.max_position_embeddings, device)
         self.scale = config.head_dim ** -0.5
-        self.recorder: Recorder | None = None  # set while the engine is being profiled
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool, kd: Dispatcher) -> torch.Tensor:
         """Logits [B, vocab] (float32) at each request's last new token."""
         c = self.config
         eps = c.rms_norm_eps
-        rec = self.recorder
-        linear = timed(rec, "matmul", F.linear)
-        prefill = None if batch.mode == "decode" else rec  # decode attention is an op, timed by dispatch
         hidden = F.embedding(batch.input_ids, self.embed_tokens)
         residual = None
         for index, layer in enumerate(self.layers):
@@ -66,20 +61,19 @@ class LlamaModel:
                 hidden = kd.rmsnorm(hidden, layer.input_norm, eps)
             else:
                 hidden, residual = kd.fused_add_rmsnorm(hidden, residual, layer.input_norm, eps)
-            qkv = linear(hidden, layer.qkv_proj)
+            qkv = kd.linear(hidden, layer.qkv_proj, None)
             t = qkv.shape[0]
             q = qkv[:, :c.q_size].view(t, c.num_heads, c.head_dim)
             k = qkv[:, c.q_size:c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
             v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
             q, k = kd.rope(q, k, batch.positions, self.cos_sin_cache)
-            with region(prefill, "attention_prefill"):
-                o = attention(q, k, v, index, batch, pool, kd, self.scale)
-            hidden = linear(o.reshape(t, c.q_size), layer.o_proj)
+            o = attention(q, k, v, index, batch, pool, kd, self.scale)
+            hidden = kd.linear(o.reshape(t, c.q_size), layer.o_proj, None)
             hidden, residual = kd.fused_add_rmsnorm(hidden, residual, layer.post_attention_norm, eps)
-            hidden = linear(kd.silu_mul(linear(hidden, layer.gate_up_proj)), layer.down_proj)
+            hidden = kd.linear(kd.silu_mul(kd.linear(hidden, layer.gate_up_proj, None)), layer.down_proj, None)
         last = batch.last_token_index
         hidden, _ = kd.fused_add_rmsnorm(hidden[last], residual[last], self.norm, eps)
-        return linear(hidden, self.lm_head).float()
+        return kd.linear(hidden, self.lm_head, None).float()
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """Engine-layout name -> tensor (tied lm_head appears once)."""

@@ -1,11 +1,12 @@
 """Where an engine step's time goes, recorded while profiling is on (off: one `is None` check).
 
 A `Recorder` is installed on an Engine (`engine.recorder`) and on its Dispatcher (`observer`). It
-times named regions of a step (schedule, forward, matmul, prefill attention, sample) and every call
-of every op, keyed by (op, dtype, exact shape). CPU: `time.perf_counter` around each region (CPU
-work is synchronous). CUDA: a pair of CUDA events per region, resolved once at `collect()`, so the
-GPU is never synchronised mid-step. With `trace=True` every region is also a
-`torch.profiler.record_function` (`kernelloop::<name>`), which labels a Chrome trace.
+times named regions of a step (schedule, forward, sample) and every call of every op, keyed by
+(op, dtype, exact shape); every projection and both attentions of the forward are ops. CPU:
+`time.perf_counter` around each region (CPU work is synchronous). CUDA: a pair of CUDA events per
+region, resolved once at `collect()`, so the GPU is never synchronised mid-step. With `trace=True`
+every region is also a `torch.profiler.record_function` (`kernelloop::<name>`), which labels a
+Chrome trace.
 
 Op times on CUDA are device (kernel) times, not the in-run event brackets: eager decode of a large
 model is bound by the host, so an event pair around one op call mostly measures the gap while the
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from kernels.dispatch import Dispatcher
 
 STEP_REGIONS = ("schedule", "forward", "sample")  # direct parts of a step; the rest is Python overhead
-FORWARD_REGIONS = ("matmul", "attention_prefill")  # parts of the forward outside the op library
 OP_TIMINGS = ("auto", "replay", "in-run")  # auto: replay on CUDA (with a dispatcher attached), in-run on CPU
 REPLAY_SAMPLES = 3  # shapes replayed per (op, dtype, bucket): smallest, middle and largest by bytes moved
 REPLAY_BUDGET_S = 30.0  # replay stops after this long; the (op, dtype, bucket) left keep their in-run times
@@ -223,15 +223,3 @@ def replay_op_seconds(ops: list[dict[str, Any]], dispatcher: "Dispatcher", devic
 def region(recorder: Recorder | None, name: str) -> ContextManager:
     """`recorder.region(name)`, or a no-op when not profiling."""
     return nullcontext() if recorder is None else recorder.region(name)
-
-
-def timed(recorder: Recorder | None, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn`, wrapped in a region when profiling; `fn` itself otherwise (no cost when off)."""
-    if recorder is None:
-        return fn
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with recorder.region(name):
-            return fn(*args, **kwargs)
-
-    return wrapper

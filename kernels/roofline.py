@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from kernels.device import cache_root, device_fingerprint
+from kernels.precision import full_precision_matmuls
 from kernels.spec import Cost, dtype_name
 from kernels.timing import measure_copy_bandwidth, summarize, time_calls
 
@@ -34,12 +35,8 @@ def measure_matmul_peak(device: str | torch.device, dtype: torch.dtype) -> float
     a = torch.randn(n, n, generator=g).to(dtype=dtype, device=dev)
     b = torch.randn(n, n, generator=g).to(dtype=dtype, device=dev)
     out = torch.empty(n, n, dtype=dtype, device=dev)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with full_precision_matmuls():
         samples = time_calls(lambda: torch.matmul(a, b, out=out), dev, warmup=2, reps=10, flush_l2=False)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     return 2 * n**3 / summarize(samples)["median"]
 
 

@@ -1,10 +1,10 @@
 """From a Recorder's raw seconds to the profile's op table: shares, shape buckets, roofline.
 
 Rows (their shares add up to 100% of engine step time):
-  one per op of the op library    every call, timed by the Dispatcher's observer
-  matmul                          the model's linear layers (torch)
-  attention (prefill, torch)      extend attention over the paged KV (SDPA)
-  other model compute             the rest of the forward: embedding, views, casts
+  one per op of the op library    every call, timed by the Dispatcher's observer: every projection
+                                  (linear), both attentions (extend_attention, decode_attention),
+                                  the norms, rope and silu_mul
+  other model compute             the rest of the forward: embedding, KV writes, views, casts
   sampling                        logits -> tokens, logprobs
   scheduling                      batch selection and building the ForwardBatch
   python overhead                 the rest of the step: bookkeeping, detokenizing, queues
@@ -103,10 +103,7 @@ def profile_rows(raw: dict[str, Any], rates: RatesFor | None) -> list[dict[str, 
     ops_s = sum(r["total_s"] for r in rows)
     timing = region_timing(raw)
     rows += [
-        _other("matmul", secs("matmul"), calls("matmul"), timing),
-        _other("attention (prefill, torch)", secs("attention_prefill"), calls("attention_prefill"), timing),
-        _other("other model compute", secs("forward") - ops_s - secs("matmul") - secs("attention_prefill"),
-               calls("forward"), timing),
+        _other("other model compute", secs("forward") - ops_s, calls("forward"), timing),
         _other("sampling", secs("sample"), calls("sample"), timing),
         _other("scheduling", secs("schedule"), calls("schedule"), timing),
         _other("python overhead", secs("step") - secs("forward") - secs("sample") - secs("schedule"), calls("step"),

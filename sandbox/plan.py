@@ -13,19 +13,46 @@ import random
 import secrets
 from typing import Any
 
-from kernels.spec import OpSpec, dtype_name, parse_dtype, pick_shapes
+import torch
+
+from kernels.spec import CUDA_ENGINE_SHAPES, Cost, OpSpec, Shape, dtype_name, parse_dtype, pick_shapes
 from sandbox.options import CheckOptions
 
-CUDA_ENGINE_SHAPES = 4  # engine shapes checked on CUDA, spread over decode to prefill
+# On CUDA too, every trial's and every timed call's inputs and reference are computed on the judge's
+# CPU (sandbox/runner.py). An engine shape costing more than this in float32 would take seconds to
+# minutes there per call (linear at 8192 x 128256 x 8192: 17 TFLOPs; an lm_head weight of 10^9
+# values), so the default CUDA picks stay within it. The memory-bound ops' largest engine shapes
+# (silu_mul at 8192 x 28672: 2.8 GB) are within it: their picks are unchanged. Shapes a caller asks
+# for (`CheckOptions.shapes`, `timing_shape`) are not capped.
+CUDA_TRIAL_LIMIT = Cost(bytes=3_000_000_000, flops=100_000_000_000)
 
 
 def master_seed(options: CheckOptions) -> int:
     return options.seed if options.seed is not None else secrets.randbits(62)
 
 
+def within_trial_limit(spec: OpSpec, shape: Shape) -> bool:
+    cost = spec.cost(shape, torch.float32)
+    return cost.bytes <= CUDA_TRIAL_LIMIT.bytes and cost.flops <= CUDA_TRIAL_LIMIT.flops
+
+
+def cuda_engine_shapes(spec: OpSpec, n: int) -> list[dict[str, int]]:
+    """n engine shapes spread over decode to prefill (`pick_shapes`); when one of them is over
+    CUDA_TRIAL_LIMIT, n spread over the engine shapes within it instead."""
+    picked = pick_shapes(spec.engine_shapes, n)
+    if not all(within_trial_limit(spec, s) for s in picked):
+        picked = pick_shapes([s for s in spec.engine_shapes if within_trial_limit(spec, s)], n)
+    return [dict(s) for s in picked]
+
+
 def check_cases(spec: OpSpec, options: CheckOptions) -> list[tuple[dict[str, int], dict[str, Any]]]:
-    """(shape, variant) pairs, without repeats."""
+    """(shape, variant) pairs, without repeats. On CUDA the battery's engine shapes are
+    `cuda_engine_shapes` (nothing over CUDA_TRIAL_LIMIT)."""
     cases = [(dict(c.shape), dict(c.variant)) for c in spec.battery(options.device)]
+    if options.device == "cuda":  # the battery's engine picks, replaced where they are over the limit
+        battery_picks = pick_shapes(spec.engine_shapes, CUDA_ENGINE_SHAPES)
+        picks = cuda_engine_shapes(spec, CUDA_ENGINE_SHAPES)
+        cases = [c for c in cases if c[1] or c[0] not in battery_picks or c[0] in picks] + [(s, {}) for s in picks]
     cases += [(dict(s), {}) for s in options.shapes]
     seen, out = set(), []
     for shape, variant in cases:
@@ -46,11 +73,12 @@ def check_dtypes(spec: OpSpec, options: CheckOptions) -> list[str]:
 
 
 def timing_shape(spec: OpSpec, options: CheckOptions) -> dict[str, int]:
-    """CPU: the costliest test shape (the interpreter is slow). CUDA: a mid-size engine shape."""
+    """CPU: the costliest test shape (the interpreter is slow). CUDA: a mid-size engine shape, the
+    middle of three `cuda_engine_shapes`."""
     if options.timing_shape:
         return dict(options.timing_shape)
     if options.device == "cuda":
-        return dict(pick_shapes(spec.engine_shapes, 3)[1])
+        return cuda_engine_shapes(spec, 3)[1]
     return dict(max(spec.test_shapes, key=lambda s: spec.cost(s, parse_dtype("float32")).bytes))
 
 

@@ -54,6 +54,8 @@ DEFAULT_INPUT_DIGESTS = {
     "silu_mul": "4339d6531db47497",
     "rope": "e01bf61400486b32",
     "decode_attention": "637138bdb69050ff",
+    "extend_attention": "8962c3d9c1d5ec53",  # ops added after variants: digests from the commit adding them
+    "linear": "ba40a77e77f650a0",
 }
 
 
@@ -95,7 +97,9 @@ def test_battery_covers_the_contract(name):
         assert _has(spec, lambda c: c.variant.get("zero_rows"))
     if name != "decode_attention":  # fixed layout
         assert _has(spec, lambda c: c.variant.get("layout") in ("strided", "qkv"))
-    assert len(cases) <= (22 if name in ("rmsnorm", "fused_add_rmsnorm", "silu_mul") else 14)
+    # The interpreter's cost per candidate: small batteries, larger for the cheapest ops per case (the
+    # row-wise ops; linear's small GEMMs are one numpy matmul per program).
+    assert len(cases) <= (22 if name in ("rmsnorm", "fused_add_rmsnorm", "silu_mul", "linear") else 14)
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -215,3 +219,37 @@ def test_wrong_kernel_passes_the_old_inputs_and_fails_the_new_battery(label):
     assert new, f"no {catcher} case in the battery"
     results = [check_impl(spec, impl, c.shape, dtype, 0, variant=c.variant) for c in new]
     assert not all(r.ok for r in results), f"{label} passed every {catcher} case"
+
+
+# -- the CUDA plan's cap (sandbox/plan.py): inputs and references are computed on the judge's CPU ---
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_cuda_plan_stays_within_the_trial_limit_and_keeps_its_engine_shapes(name):
+    from sandbox.options import CheckOptions
+    from sandbox.plan import CUDA_TRIAL_LIMIT, check_cases, make_plan, within_trial_limit
+
+    spec = OPS[name]
+    plan = make_plan(spec, CheckOptions(device="cuda"), 1)
+    for shape in [t["shape"] for t in plan["trials"]] + [plan["timing"]["shape"]]:
+        cost = spec.cost(shape, torch.float32)
+        assert cost.bytes <= CUDA_TRIAL_LIMIT.bytes and cost.flops <= CUDA_TRIAL_LIMIT.flops, shape
+    engine = [s for s, v in check_cases(spec, CheckOptions(device="cuda")) if s in list(spec.engine_shapes)]
+    assert len(engine) == 4 and all(within_trial_limit(spec, s) for s in engine)
+    assert len({s.get("tokens", s.get("batch")) for s in engine}) >= 2  # still decode to prefill
+    picked = pick_shapes(spec.engine_shapes, 4)
+    if all(within_trial_limit(spec, s) for s in picked):  # nothing to cap: the battery's own picks
+        assert engine == picked
+        assert plan["timing"]["shape"] == pick_shapes(spec.engine_shapes, 3)[1]
+
+
+def test_cuda_plan_caps_the_new_ops_only():
+    from sandbox.options import CheckOptions
+    from sandbox.plan import check_cases, within_trial_limit
+
+    capped = {n for n, spec in OPS.items() if not all(within_trial_limit(spec, s)
+                                                      for s in pick_shapes(spec.engine_shapes, 4))}
+    assert capped == {"linear", "extend_attention"}
+    shapes = [s for s, _ in check_cases(OPS["linear"], CheckOptions(device="cuda"))]
+    assert {"tokens": 8192, "n": 128256, "k": 8192} not in shapes  # 17 TFLOPs on the judge's CPU
+    caller = {"tokens": 2048, "n": 128256, "k": 4096}  # what a caller asks for is checked as asked
+    assert caller in [s for s, _ in check_cases(OPS["linear"], CheckOptions(device="cuda", shapes=(caller,)))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -134,12 +135,12 @@ def test_cuda_timing_rmsnorm_and_copy_bandwidth():
 
 
 def test_bench_one_reports_broken_kernels_instead_of_raising():
-    import dataclasses
-
     from bench.baselines import CPU_POLICY, bench_one
+    from kernels.roofline import Rates
 
     spec = kernels.get_op("rmsnorm")
     shape = spec.test_shapes[0]
+    rates = Rates(bytes_per_s=1e9, flops_per_s=1e9)
 
     def raises(*args):
         raise RuntimeError("boom")
@@ -148,13 +149,29 @@ def test_bench_one_reports_broken_kernels_instead_of_raising():
         return spec.forward(x, weight, eps) + 1
 
     problems: list[str] = []
-    row = bench_one(dataclasses.replace(spec, forward=raises), shape, torch.float32, "cpu", CPU_POLICY, 1e9, problems)
+    row = bench_one(dataclasses.replace(spec, forward=raises), shape, torch.float32, "cpu", CPU_POLICY, rates, problems)
     assert row["check"].startswith("error in forward: RuntimeError: boom") and row["triton us"] is None
-    assert row["eager us"] > 0 and len(problems) == 1
-    row = bench_one(dataclasses.replace(spec, forward=wrong), shape, torch.float32, "cpu", CPU_POLICY, 1e9, problems)
+    assert row["torch us"] > 0 and row["torch"] == "torch eager (the reference)" and len(problems) == 1
+    row = bench_one(dataclasses.replace(spec, forward=wrong), shape, torch.float32, "cpu", CPU_POLICY, rates, problems)
     assert row["check"].startswith("FAIL") and row["triton us"] > 0 and row["speedup"] > 0
-    row = bench_one(spec, shape, torch.float32, "cpu", CPU_POLICY, 1e9, problems)
-    assert row["check"] == "ok" and row["% roofline"] > 0 and len(problems) == 2
+    inputs = spec.make_inputs(shape, torch.float32, 0, "cpu")
+    row = bench_one(spec, shape, torch.float32, "cpu", CPU_POLICY, rates, problems, inputs)
+    assert row["check"] == "ok" and row["% roofline"] > 0 and row["bound"] == "memory" and len(problems) == 2
+
+
+def test_bench_one_times_linear_against_f_linear_and_the_flop_roofline():
+    from bench.baselines import CPU_POLICY, bench_one
+    from kernels.roofline import Rates
+
+    spec = kernels.get_op("linear")
+    shape = {"tokens": 17, "n": 48, "k": 160}
+    problems: list[str] = []
+    slow_math = Rates(bytes_per_s=1e12, flops_per_s=1e6)  # a roofline set by the FLOPs
+    row = bench_one(spec, shape, torch.float32, "cpu", CPU_POLICY, slow_math, problems)
+    assert not problems and row["check"] == "ok" and row["torch"] == "F.linear (CPU)"
+    assert row["bound"] == "compute" and row["torch err/tol"] < 1 and row["TFLOP/s"] > 0
+    cost = spec.cost(shape, torch.float32)
+    assert row["% roofline"] == pytest.approx(100 * cost.flops / 1e6 / (row["triton us"] * 1e-6))
 
 
 def test_dispatch_overhead_benchmark_runs_and_reports(tmp_path):
@@ -187,3 +204,77 @@ def test_the_gpu_benches_shapes_only_model_tells_prompts_apart(tmp_path):
     for ids in prompts:
         assert len(set(ids)) > 3 and all(0 <= i < 512 for i in ids)
     assert engine.tokenizer.decode(engine.tokenizer.encode("What is 2+2?")) == "What is 2+2?"
+
+
+# -- bench.counterparts and bench.prefetch ----------------------------------------------------------
+
+EXTEND_GQA = {"batch": 3, "tokens": 40, "prefix": 24, "q_heads": 8, "kv_heads": 2, "head_dim": 64}
+
+
+@pytest.mark.parametrize("gqa", [True, False])
+def test_sdpa_dense_layout_matches_extend_attention_reference(gqa):
+    """Both layouts SDPA may run on (torch's GQA, K/V repeated per head) give the op's output, with and
+    without a prefix (lower-right causal vs is_causal)."""
+    from bench.counterparts import _sdpa, dense_requests
+
+    spec = kernels.get_op("extend_attention")
+    args = spec.make_inputs(EXTEND_GQA, torch.float32, 0, "cpu")
+    expected = spec.reference(*args)
+    requests = dense_requests(*args[:8], repeat_kv=not gqa)
+    assert {r.prefix == 0 for r in requests} == {True, False}  # both masks are exercised
+    assert all(r.k.shape[1] == (2 if gqa else 8) for r in requests)
+    for r in requests:
+        out = _sdpa(r, args[8], gqa)[0].transpose(0, 1)
+        torch.testing.assert_close(out, expected[r.rows], atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_counterpart_names_its_backend_and_prefers_a_layout_that_matches():
+    from bench.counterparts import counterpart
+
+    spec = kernels.get_op("extend_attention")
+    args = spec.make_inputs(EXTEND_GQA, torch.bfloat16, 0, "cpu")
+    expected = spec.reference(*args)
+    cp = counterpart(spec, args)
+    assert cp.label.startswith("SDPA ") and cp.label.endswith("; GQA") and "flash" in cp.label
+    torch.testing.assert_close(cp.output(cp.call()), expected, atol=8e-3, rtol=1.6e-2)
+    refused = counterpart(spec, args, accept=lambda out: False)  # nothing matches: the first that ran, marked
+    assert refused.label.endswith("(off the reference)")
+
+
+def test_linear_counterpart_is_ieee_float32():
+    from bench.counterparts import counterpart
+
+    spec = kernels.get_op("linear")
+    args = spec.make_inputs({"tokens": 5, "n": 130, "k": 72}, torch.float32, 0, "cpu")
+    cp = counterpart(spec, args)
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")  # what a user may have set
+    try:
+        with cp.context():
+            assert torch.get_float32_matmul_precision() == "highest"
+            out = cp.output(cp.call())
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    torch.testing.assert_close(out, spec.reference(*args))
+    assert cp.label == "F.linear (CPU)" and cp.checked
+
+
+def test_prefetcher_draws_the_same_inputs_ahead_and_reports_failures():
+    from bench.prefetch import InputPrefetcher
+
+    spec = kernels.get_op("rmsnorm")
+    broken = dataclasses.replace(spec, make_inputs=lambda *a: (_ for _ in ()).throw(ValueError("no inputs")))
+    jobs = [(spec, s, torch.float16) for s in spec.test_shapes[:3]] + [(broken, spec.test_shapes[0], torch.float16)]
+    prefetch = InputPrefetcher(jobs, workers=2, ahead=2)
+    try:
+        assert len(prefetch._futures) == 2  # at most `ahead` drawn in advance
+        for i, (_, shape, dtype) in enumerate(jobs[:3]):
+            got, want = prefetch.get(i), spec.make_inputs(shape, dtype, 0, "cpu")
+            assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(got, want))
+        with pytest.raises(ValueError, match="no inputs"):
+            prefetch.get(3)
+    finally:
+        prefetch.close()
+    skipping = InputPrefetcher(jobs[:3], workers=1, ahead=1)
+    assert skipping.get(2)[0].shape[-1] == spec.test_shapes[2]["hidden"]  # rows may be skipped
+    skipping.close()

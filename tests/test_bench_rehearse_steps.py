@@ -1,6 +1,7 @@
 """The GPU steps' logic that their CPU rehearsals (gpu_check.sh --rehearse, run by CI) do not pin down:
-partial reports after every case/op, decode_attention first, the sandbox grouping, the pass rules,
-the read-only L2 flush of kernels.timing. Cheap: nothing here runs a whole rehearsal."""
+partial reports after every case/op, the tl.dot kernels first, the baselines' CUDA rows and their
+order, the sandbox grouping, the pass rules, the read-only L2 flush of kernels.timing. Cheap: nothing
+here runs a whole rehearsal."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 import bench.sandbox_gpu as sandbox_gpu
 import bench.tune_gpu as tune_gpu
+from bench.baseline_plan import FIRST_OPS, groups, is_decode, plan_rows
 from bench.baselines import DEFAULT_MAX_SHAPES, DEFAULT_TIME_BUDGET_S, gpu_order, parse_args
 from kernels import OPS, timing
 from sandbox import CheckOptions, Verdict
@@ -18,10 +20,10 @@ def verdict(**fields) -> Verdict:
     return Verdict(op="rmsnorm", device="cpu-interpreter", file="x.py", sha256="0" * 64, **fields)
 
 
-# -- decode_attention first -----------------------------------------------------------------------
+# -- the tl.dot kernels first; the baselines' rows ---------------------------------------------------
 
-def test_gpu_order_puts_decode_attention_first_and_keeps_the_rest():
-    assert gpu_order(list(OPS))[0] == "decode_attention"
+def test_gpu_order_puts_the_tl_dot_kernels_first_and_keeps_the_rest():
+    assert gpu_order(list(OPS))[:3] == ["decode_attention", "linear", "extend_attention"] == list(FIRST_OPS)
     assert sorted(gpu_order(list(OPS))) == sorted(OPS)
     assert gpu_order(["rmsnorm", "silu_mul", "decode_attention"]) == ["decode_attention", "rmsnorm", "silu_mul"]
     assert gpu_order(["silu_mul", "rmsnorm"]) == ["silu_mul", "rmsnorm"]
@@ -31,14 +33,46 @@ def test_gpu_order_puts_decode_attention_first_and_keeps_the_rest():
 def test_baselines_rehearse_arguments():
     args = parse_args(["--rehearse"])
     assert (args.device, args.quick, args.dtypes) == ("cpu", True, "bfloat16")
-    assert args.time_budget_s <= 45 and args.max_shapes_per_op == 0
+    assert args.time_budget_s <= 45 and args.max_shapes_per_op == 2
     explicit = parse_args(["--rehearse", "--dtypes", "float32", "--time-budget-s", "5", "--max-shapes-per-op", "1"])
     assert (explicit.dtypes, explicit.time_budget_s, explicit.max_shapes_per_op) == ("float32", 5.0, 1)
     plain = parse_args([])  # the GPU run's defaults are unchanged
     assert (plain.device, plain.quick, plain.dtypes) == (None, False, "bfloat16,float16")
     assert (plain.max_shapes_per_op, plain.time_budget_s) == (DEFAULT_MAX_SHAPES, DEFAULT_TIME_BUDGET_S)
+    assert plain.input_workers >= 1
     with pytest.raises(SystemExit):
         parse_args(["--rehearse", "--device", "cuda"])
+
+
+def test_baselines_cuda_rows_are_llama3_8b_for_the_new_ops_decode_first():
+    specs = [OPS[n] for n in OPS]
+    bf16, fp16 = torch.bfloat16, torch.float16
+    rows = plan_rows(specs, [bf16, fp16], engine=True, max_shapes=4)  # gpu_check's choice
+    linear = [s for spec, s, d in rows if spec.name == "linear" and d == bf16]
+    assert {s["tokens"] for s in linear} == {1, 8, 32, 2048} and len(linear) == 20
+    assert {(s["n"], s["k"]) for s in linear} == {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+                                                  (128256, 4096)}  # qkv, o, gate_up, down, lm_head
+    extend = [s for spec, s, d in rows if spec.name == "extend_attention" and d == bf16]
+    assert all((s["batch"], s["q_heads"], s["kv_heads"], s["head_dim"]) == (4, 32, 8, 128) for s in extend)
+    assert {(s["tokens"], s["prefix"]) for s in extend} == {(t, p) for t in (512, 2048, 8192) for p in (0, 2048)}
+    for name in ("rmsnorm", "decode_attention"):  # the other ops: subsampled engine shapes
+        assert len([1 for spec, _, d in rows if spec.name == name and d == bf16]) == 4
+    assert all(s in list(spec.engine_shapes) for spec, s, _ in rows)
+    assert len({(spec.name, tuple(s.items()), d) for spec, s, d in rows}) == len(rows)
+    # dtype by dtype; decode before prefill; the tl.dot kernels first within each
+    keys = [([bf16, fp16].index(d), not is_decode(s), gpu_order(list(OPS)).index(spec.name)) for spec, s, d in rows]
+    assert keys == sorted(keys)
+    assert [spec.name for spec, s, _ in rows[:20]] == ["decode_attention"] * 4 + ["linear"] * 15 + ["rmsnorm"]
+    labels = [label for label, _ in groups(rows)]
+    assert labels[:3] == ["decode_attention decode bfloat16", "linear decode bfloat16", "rmsnorm decode bfloat16"]
+    assert "linear prefill bfloat16" in labels and sum(len(m) for _, m in groups(rows)) == len(rows)
+
+
+def test_baselines_quick_rows_are_test_shapes():
+    rows = plan_rows([OPS["linear"], OPS["rmsnorm"]], [torch.bfloat16], engine=False, max_shapes=2)
+    assert [(spec.name, s) for spec, s, _ in rows] == [
+        ("linear", OPS["linear"].test_shapes[0]), ("linear", OPS["linear"].test_shapes[-1]),
+        ("rmsnorm", OPS["rmsnorm"].test_shapes[0]), ("rmsnorm", OPS["rmsnorm"].test_shapes[-1])]
 
 
 def test_tune_gpu_plans_fit_the_step():

@@ -1,6 +1,8 @@
 """Greedy outputs and logprobs equal transformers' LlamaForCausalLM on the same checkpoint (float32,
 CPU): single requests, concurrent ones (batching must not change a result), shared prefixes (the
-cache must not change a result), chunked prefill and retraction under a small KV budget."""
+cache must not change a result), chunked prefill and retraction under a small KV budget. Each with
+the reference ops (torch) and with the baseline Triton kernels (interpreter), which must serve
+every op: every projection, both attentions, the norms, rope and silu_mul."""
 
 from __future__ import annotations
 
@@ -16,6 +18,12 @@ from engine.scheduler import SchedulerConfig
 from tests.hf_checkpoints import VARIANTS, make_checkpoint
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3)
+KERNELS = ["reference", "baseline"]
+
+
+def greedy(kernels: str) -> SamplingParams:
+    """Fewer tokens through the interpreter (a second or so per forward): the prefill and two decodes."""
+    return GREEDY if kernels == "reference" else dataclasses.replace(GREEDY, max_tokens=3)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +53,11 @@ def prompts(n: int, seed: int, lengths=(5, 17, 9, 30, 1, 12)) -> list[list[int]]
     return [torch.randint(3, 211, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
 
 
+def served_by(engine: Engine, kernels: str) -> set[str]:
+    """The ops that some variant other than `kernels` served (a baseline that raised falls back)."""
+    return {op for op, used in engine.kernels.variants_in_use().items() if used and set(used.values()) != {kernels}}
+
+
 def assert_matches_hf(model, reqs, prompt_list, n=GREEDY.max_tokens):
     for prompt, req in zip(prompt_list, reqs):
         ids, logprobs = hf_greedy(model, prompt, n)
@@ -54,34 +67,42 @@ def assert_matches_hf(model, reqs, prompt_list, n=GREEDY.max_tokens):
             assert len(lp.top) == 3 and lp.top[0][0] == lp.token_id
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_single_requests_match_transformers(checkpoints, hf_models, variant):
-    engine = Engine(EngineConfig(model=str(checkpoints[variant])))
-    ps = prompts(3, seed=1)
-    reqs = [engine.generate([p], GREEDY)[0] for p in ps]
-    assert_matches_hf(hf_models[variant], reqs, ps)
+def test_single_requests_match_transformers(checkpoints, hf_models, variant, kernels):
+    engine = Engine(EngineConfig(model=str(checkpoints[variant]), kernels=kernels))
+    ps = prompts(3 if kernels == "reference" else 2, seed=1)  # 5, 17 (> one 16-token tile), 9 tokens
+    reqs = [engine.generate([p], greedy(kernels))[0] for p in ps]
+    assert_matches_hf(hf_models[variant], reqs, ps, n=greedy(kernels).max_tokens)
+    assert served_by(engine, kernels) == set()
+    assert {"linear", "extend_attention", "decode_attention"} <= set(engine.kernels.variants_in_use())
 
 
-def test_concurrent_requests_match_transformers(checkpoints, hf_models):
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_concurrent_requests_match_transformers(checkpoints, hf_models, kernels):
     # A small prefill budget and chunk size mix chunked prefills, multi-request extends and decodes.
     sched = SchedulerConfig(max_running_requests=4, max_prefill_tokens=24, chunk_size=10)
-    engine = Engine(EngineConfig(model=str(checkpoints["gqa"]), scheduler=sched))
+    engine = Engine(EngineConfig(model=str(checkpoints["gqa"]), scheduler=sched, kernels=kernels))
     ps = prompts(7, seed=2)
-    reqs = engine.generate(ps, GREEDY)
-    assert engine.stats["forwards"] < 7 * (GREEDY.max_tokens + 4), "requests were not batched"
-    assert_matches_hf(hf_models["gqa"], reqs, ps)
+    n = greedy(kernels).max_tokens
+    reqs = engine.generate(ps, greedy(kernels))
+    assert engine.stats["forwards"] < 7 * (n + 4), "requests were not batched"
+    assert_matches_hf(hf_models["gqa"], reqs, ps, n=n)
+    assert served_by(engine, kernels) == set()
 
 
-def test_shared_prefixes_hit_the_cache_without_changing_results(checkpoints, hf_models):
-    engine = Engine(EngineConfig(model=str(checkpoints["mqa-untied"])))
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_shared_prefixes_hit_the_cache_without_changing_results(checkpoints, hf_models, kernels):
+    engine = Engine(EngineConfig(model=str(checkpoints["mqa-untied"]), kernels=kernels))
     system = prompts(1, seed=3, lengths=(40,))[0]
     ps = [system + tail for tail in prompts(4, seed=4, lengths=(3, 6, 1, 9))]
-    first = engine.generate(ps[:1], GREEDY)
-    rest = engine.generate(ps[1:], GREEDY)
+    first = engine.generate(ps[:1], greedy(kernels))
+    rest = engine.generate(ps[1:], greedy(kernels))
     assert first[0].cached_tokens == 0
     assert all(r.cached_tokens >= 40 for r in rest)
     assert engine.cache.hit_tokens >= 120
-    assert_matches_hf(hf_models["mqa-untied"], first + rest, ps)
+    assert_matches_hf(hf_models["mqa-untied"], first + rest, ps, n=greedy(kernels).max_tokens)
+    assert served_by(engine, kernels) == set()
 
 
 def test_retraction_under_a_tiny_kv_budget_keeps_results(checkpoints, hf_models):
@@ -94,14 +115,6 @@ def test_retraction_under_a_tiny_kv_budget_keeps_results(checkpoints, hf_models)
     assert all(r.finish_reason == "length" and len(r.output_ids) == 12 for r in reqs)
     assert_matches_hf(hf_models["gqa"], reqs, ps, n=12)
     assert engine.allocator.available() + engine.cache.total_size() == engine.allocator.num_slots - 1, "slots leaked"
-
-
-def test_triton_kernels_give_the_same_greedy_outputs(checkpoints, hf_models):
-    engine = Engine(EngineConfig(model=str(checkpoints["gqa"]), kernels="baseline"))
-    ps = prompts(2, seed=6, lengths=(7, 4))
-    reqs = engine.generate(ps, dataclasses.replace(GREEDY, max_tokens=4))
-    assert_matches_hf(hf_models["gqa"], reqs, ps, n=4)
-    assert set(engine.kernels.variants_in_use()["decode_attention"].values()) == {"baseline"}
 
 
 def test_stops_and_limits(checkpoints):

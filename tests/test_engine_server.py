@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from engine.engine import Engine, EngineConfig
+from profiler.analysis import profile_rows
 
 from tests.hf_checkpoints import make_checkpoint
 from tests.serving import serve
@@ -120,3 +121,11 @@ def test_metrics_reload_and_profile(server, client):
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True})
     profile = httpx.post(f"{base}/profile/stop").json()
     assert profile["steps"] >= 4 and profile["output_tokens"] >= 4
+    table = profile_rows(profile["raw"], rates=None)  # what profiler/ makes of the raw figures
+    rows = {r["name"]: r for r in table}
+    assert sum(r["share"] for r in table) == pytest.approx(1.0)
+    for op in ("linear", "extend_attention", "decode_attention"):
+        assert rows[op]["kind"] == "op" and rows[op]["calls"] > 0 and rows[op]["shapes"], op
+    assert {(s["shape"]["n"], s["shape"]["k"]) for s in rows["linear"]["shapes"]} == {
+        (128, 48), (48, 64), (224, 48), (48, 112), (211, 48)}  # fused qkv, o, gate_up, down, lm_head (tied)
+    assert "matmul" not in rows and "attention (prefill, torch)" not in rows

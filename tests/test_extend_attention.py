@@ -1,18 +1,16 @@
 """The extend_attention op (kernels/ops/extend_attention.py): baseline against reference, its battery,
-planted wrong kernels, equivalence with the engine's torch prefill path, and an sm90 compile."""
+planted wrong kernels and an sm90 compile. The engine's use of it: tests/test_engine_attention.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,7 +67,7 @@ def test_other_tiles_match_reference(block_m, block_n):
 
 
 def brute_force(q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale):
-    """One (token, head) at a time in float64: the definition, independent of the reference's einsums."""
+    """One (token, head) at a time in float64: the definition, independent of the reference's batched matmuls."""
     T, Hq, D = q.shape
     G = Hq // k.shape[1]
     out = torch.zeros(T, Hq, D, dtype=torch.float64)
@@ -262,43 +260,6 @@ def test_the_unmutated_copy_passes(tmp_path):
     for case in (Case(dict(SPEC.test_shapes[1])), Case(dict(SPEC.variant_shapes[0]), {"sm_scale": "seeded"})):
         result = check_impl(SPEC, forward, case.shape, torch.float32, 0, variant=case.variant)
         assert result.ok, str(result)
-
-
-# --- The engine's current torch path -------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d)[6:])
-def test_equals_the_engine_extend_attention(dtype):
-    from engine.attention import _extend_attention
-    from engine.batch import ForwardBatch
-
-    g = torch.Generator().manual_seed(11)
-    Hq, Hk, D, num_slots = 8, 2, 64, 160
-    prefix_lens, new_lens = [0, 37, 5, 20], [18, 1, 9, 30]
-    free = torch.randperm(num_slots - 1, generator=g) + 1  # slot 0 is reserved in the engine
-    slots, at = [], 0
-    for p, n in zip(prefix_lens, new_lens):
-        slots.append(free[at:at + p + n])
-        at += p + n
-    ids = [[1] * n for n in new_lens]
-    batch = ForwardBatch.build("extend", ids, prefix_lens, slots, "cpu")
-    pool = SimpleNamespace(k=[torch.randn(num_slots, Hk, D, generator=g).to(dtype)],
-                           v=[torch.randn(num_slots, Hk, D, generator=g).to(dtype)])
-    T = batch.num_tokens
-    q = torch.randn(T, Hq, D, generator=g).to(dtype)
-    k = torch.randn(T, Hk, D, generator=g).to(dtype)
-    v = torch.randn(T, Hk, D, generator=g).to(dtype)
-    pool.k[0][batch.out_slots], pool.v[0][batch.out_slots] = k, v  # what attention() does first
-    scale = 1 / math.sqrt(D)
-
-    expected = _extend_attention(q, 0, batch, pool, scale)
-    qo_indptr, kv_indptr, kv_indices = ea.extend_layout(batch.kv_indices, prefix_lens, batch.extend_lens)
-    assert kv_indices.tolist() == torch.cat([s[:p] for s, p in zip(slots, prefix_lens)]).tolist()
-    out = ea.forward(q, k, v, pool.k[0], pool.v[0], qo_indptr, kv_indptr, kv_indices, scale)
-    c = check_outputs(SPEC, out, expected, dtype)
-    assert c.ok, c.reason
-    ref = SPEC.reference(q, k, v, pool.k[0], pool.v[0], qo_indptr, kv_indptr, kv_indices, scale)
-    assert check_outputs(SPEC, ref, expected, dtype).ok
 
 
 # --- sm90 on CPU ---------------------------------------------------------------------------------

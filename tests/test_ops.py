@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
+from bench.baseline_plan import gpu_order
 from kernels import OPS
 from kernels.compare import check_impl
-from kernels.spec import TOKEN_BUCKETS, pick_shapes, size_bucket, size_class
+from kernels.spec import TOKEN_BUCKETS, Cost, OpSpec, pick_shapes, size_bucket, size_class
 
 CASES = [
     pytest.param(spec, shape, dtype, id=f"{name}-{'x'.join(map(str, shape.values()))}-{str(dtype)[6:]}")
@@ -26,8 +27,9 @@ def test_baseline_matches_reference(spec, shape, dtype, seed):
     assert result.ok, str(result)
 
 
-def test_the_five_ops_are_there():
-    assert set(OPS) == {"rmsnorm", "fused_add_rmsnorm", "silu_mul", "rope", "decode_attention"}
+def test_the_seven_ops_are_there():
+    assert set(OPS) == {"rmsnorm", "fused_add_rmsnorm", "silu_mul", "rope", "decode_attention", "extend_attention",
+                        "linear"}
 
 
 @pytest.mark.parametrize("spec", OPS.values(), ids=list(OPS))
@@ -67,7 +69,8 @@ def test_inputs_are_seeded_and_realistic(spec):
     for x, y, z in tensors:
         assert torch.equal(x, y), "same seed must give the same inputs"
         assert torch.isfinite(x).all()
-        assert x.float().std() > 0.05, "inputs must not be (nearly) constant, e.g. all-ones weights"
+        # scale-free (linear's weights are drawn at std 1/sqrt(K), as Hugging Face initialises them)
+        assert x.float().std() > 0.05 * x.float().abs().mean(), "inputs must not be (nearly) constant, e.g. all-ones"
     assert spec.shape_of(*a) == {k: v for k, v in shape.items() if k in spec.shape_of(*a)}
 
 
@@ -106,15 +109,46 @@ def test_rmsnorm_handles_leading_dims_and_strided_rows():
     torch.testing.assert_close(spec.forward(strided, w, eps), spec.reference(strided, w, eps))
 
 
-# gpu_check's one try has about 100 s for every gpu test: three engine shapes per op (smallest,
-# middle, largest) in every dtype, decode_attention (the only tl.dot kernel) first. bench.baselines
-# covers more shapes in the same run.
+# gpu_check's one try has about 100 s for every gpu test. A case draws its inputs on the CPU
+# (make_inputs' seeded generator, ~1e8 values/s), compiles its kernels for its shape and dtype (~1-3 s
+# each on the host) and computes the reference on the GPU. Each op gets three engine shapes
+# (smallest, middle, largest) in bfloat16, the middle one in float16 and the largest in float32;
+# where one of the three costs more than GPU_CASE_LIMIT in float32, three spread over the shapes
+# within it (linear's largest is 17 TFLOPs with a 1e9-value weight; decode_attention's and
+# silu_mul's draw 8e8 and 5e8 values). The tl.dot kernels go first (bench.baseline_plan.gpu_order);
+# the interpreter checks every dtype at every test shape, bench.baselines the large shapes in bfloat16.
+GPU_CASE_LIMIT = Cost(bytes=1_200_000_000, flops=1_000_000_000_000)
+
+
+def within_gpu_case_limit(spec: OpSpec, shape: dict[str, int]) -> bool:
+    cost = spec.cost(shape, torch.float32)
+    return cost.bytes <= GPU_CASE_LIMIT.bytes and cost.flops <= GPU_CASE_LIMIT.flops
+
+
+def gpu_cases(spec: OpSpec) -> list[tuple[dict[str, int], torch.dtype]]:
+    picked = pick_shapes(spec.engine_shapes, 3)
+    if not all(within_gpu_case_limit(spec, s) for s in picked):
+        picked = pick_shapes([s for s in spec.engine_shapes if within_gpu_case_limit(spec, s)], 3)
+    return [(s, torch.bfloat16) for s in picked] + [(picked[1], torch.float16), (picked[-1], torch.float32)]
+
+
 GPU_CASES = [
-    pytest.param(spec, shape, dtype, id=f"{name}-{'x'.join(map(str, shape.values()))}-{str(dtype)[6:]}")
-    for name, spec in sorted(OPS.items(), key=lambda item: item[0] != "decode_attention")
-    for shape in pick_shapes(spec.engine_shapes, 3)
-    for dtype in spec.dtypes
+    pytest.param(OPS[name], shape, dtype, id=f"{name}-{'x'.join(map(str, shape.values()))}-{str(dtype)[6:]}")
+    for name in gpu_order(list(OPS))
+    for shape, dtype in gpu_cases(OPS[name])
 ]
+
+
+def test_gpu_cases_fit_the_limit_and_cover_every_op_and_dtype():
+    for name, spec in OPS.items():
+        cases = [(p.values[1], p.values[2]) for p in GPU_CASES if p.values[0] is spec]
+        assert len(cases) == 5 and {d for _, d in cases} == set(spec.dtypes), name
+        shapes = [s for s, _ in cases]
+        assert len({tuple(s.items()) for s in shapes}) == 3, name
+        assert all(within_gpu_case_limit(spec, s) and s in list(spec.engine_shapes) for s in shapes), name
+    linear = [p.values[1] for p in GPU_CASES if p.values[0].name == "linear"]
+    assert min(s["tokens"] for s in linear) == 1 and max(s["tokens"] for s in linear) >= 512  # decode and prefill
+    assert [p.values[0].name for p in GPU_CASES[:1]] == ["decode_attention"]
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.config import ModelConfig
 from engine.engine import Engine, EngineConfig
 from kernels.ops import OPS
 from kernels.roofline import Rates
@@ -25,19 +26,27 @@ from tests.serving import serve
 REPO = Path(__file__).resolve().parents[1]
 
 
-def check_profile(profile: dict) -> None:
+def check_profile(profile: dict, config: ModelConfig) -> None:
     rows = {r["name"]: r for r in profile["rows"]}
     assert sum(r["share"] for r in profile["rows"]) == pytest.approx(1.0)
-    assert set(OPS) <= set(rows), sorted(rows)  # all five ops of the library ran
+    assert set(OPS) <= set(rows), sorted(rows)  # every op of the library ran
     for op in OPS:
         r = rows[op]
-        assert r["calls"] > 0 and r["total_s"] > 0 and r["shapes"]
+        assert r["kind"] == "op" and r["calls"] > 0 and r["total_s"] > 0 and r["shapes"]
         for s in r["shapes"]:
             assert s["dtype"] == "float32" and s["bucket"] == OPS[op].bucket(s["shape"])
         assert r["roofline_pct"] is not None and r["roofline_pct"] > 0
-    for other in ("matmul", "sampling", "scheduling", "python overhead", "other model compute"):
-        assert other in rows
-    assert rows["rmsnorm"]["variant"] == "reference"
+    others = {name for name, r in rows.items() if r["kind"] == "other"}
+    assert others == {"other model compute", "sampling", "scheduling", "python overhead"}  # no torch matmul or attention
+    assert rows["rmsnorm"]["variant"] == rows["linear"]["variant"] == "reference"
+    # every projection by its (n, k): fused qkv, o_proj, fused gate_up, down, lm_head
+    h, i, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    projections = {(q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (config.vocab_size, h)}
+    assert {(s["shape"]["n"], s["shape"]["k"]) for s in rows["linear"]["shapes"]} == projections
+    for s in rows["extend_attention"]["shapes"]:
+        assert (s["shape"]["q_heads"], s["shape"]["kv_heads"], s["shape"]["head_dim"]) == \
+            (config.num_heads, config.num_kv_heads, config.head_dim)
+    assert any(s["shape"]["prefix"] > 0 for s in rows["extend_attention"]["shapes"])  # cached prefixes were read
     assert profile["output_tokens"] > 0 and profile["tokens_per_second"] > 0
     assert profile["ttft_ms_median"] > 0 and profile["tpot_ms_median"] > 0
 
@@ -50,33 +59,36 @@ def engine(embedded_model_dir: Path) -> Engine:
 def test_in_process_profile(engine: Engine, tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"
     profile = profile_engine(engine, agent_workload(10, seed=1), concurrency=4, trace_path=trace)
-    check_profile(profile)
+    check_profile(profile, engine.model_config)
     assert not profile["partial"] and profile["requests"] == 10
     assert profile["prefix_hit_rate"] > 0  # conversations continue: their history is cached
     # decode and prefill both happened: decode_attention at batch 1.. and rope at several token buckets
     assert len(next(r for r in profile["rows"] if r["name"] == "rope")["shapes"]) >= 2
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e.get("name") for e in events}
-    assert {"kernelloop::rmsnorm", "kernelloop::decode_attention", "kernelloop::step"} <= names
+    assert {"kernelloop::rmsnorm", "kernelloop::linear", "kernelloop::extend_attention", "kernelloop::decode_attention",
+            "kernelloop::step"} <= names
     assert engine.recorder is None and engine.kernels.observer is None  # profiling leaves nothing behind
 
 
 def test_http_profile(engine: Engine) -> None:
     with serve(engine, "embedded") as (base, _):
         profile = profile_url(base, agent_workload(8, seed=2), concurrency=4, seconds=120)
-    check_profile(profile)
+    check_profile(profile, engine.model_config)
     assert profile["engine"] == base and profile["requests"] == 8 and not profile["partial"]
 
 
 def test_shares_add_up_even_when_clocks_disagree() -> None:
     raw = {"regions": {"step": {"calls": 2, "seconds": 1.0}, "forward": {"calls": 2, "seconds": 0.9},
-                       "matmul": {"calls": 4, "seconds": 0.5}, "sample": {"calls": 2, "seconds": 0.2},
-                       "schedule": {"calls": 2, "seconds": 0.05}},
-           "ops": [{"op": "rmsnorm", "dtype": "float32", "shape": {"tokens": 3, "hidden": 64}, "calls": 5, "seconds": 0.5}]}
+                       "sample": {"calls": 2, "seconds": 0.2}, "schedule": {"calls": 2, "seconds": 0.05}},
+           "ops": [{"op": "rmsnorm", "dtype": "float32", "shape": {"tokens": 3, "hidden": 64}, "calls": 5, "seconds": 0.5},
+                   {"op": "linear", "dtype": "float32", "shape": {"tokens": 3, "n": 96, "k": 64}, "calls": 4,
+                    "seconds": 0.5}]}
     rows = {r["name"]: r for r in profile_rows(raw, rates=lambda dtype: Rates(1e9, 1e12))}
     assert rows["other model compute"]["total_s"] == 0.0  # 0.9 - 0.5 - 0.5 < 0: clamped, not negative
     assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0)
     assert rows["rmsnorm"]["shapes"][0]["bucket"] == "hidden=64,tokens=2-16"
+    assert rows["linear"]["kind"] == "op" and rows["linear"]["shapes"][0]["bucket"] == "k=64,n=96,tokens=2-16"
 
 
 class _DyingEngine(BaseHTTPRequestHandler):

@@ -232,3 +232,87 @@ def test_on_a_gpu_configs_that_do_not_fit_it_are_skipped(monkeypatch):
     assert {t for _, t in checked} == {"sm90"}
     again = sp.propose(make_ctx("rmsnorm", device="cuda"), [], 50)  # skipped configs are not retried
     assert not {p.label for p in again} & {label for label, _ in sp.skipped}
+
+
+# -- linear and extend_attention (issue #12) --------------------------------------------------------
+
+SPLITTING = {  # one config of each template; the split ones split at the battery's larger shapes
+    "linear tiled": ("linear", {"template": "tiled", "block_m": 32, "block_n": 64, "block_k": 32, "group_m": 4,
+                                "num_warps": 4, "num_stages": 3}),
+    "linear splitk": ("linear", {"template": "splitk", "block_m": 16, "block_n": 32, "block_k": 64, "max_splits": 16,
+                                 "num_warps": 4, "num_stages": 4}),
+    "extend flash": ("extend_attention", {"template": "flash", "block_m": 64, "block_n": 16, "num_warps": 4,
+                                          "num_stages": 1}),
+    "extend splitkv": ("extend_attention", {"template": "splitkv", "block_m": 64, "block_n": 32, "max_splits": 8,
+                                            "min_split_tokens": 16, "num_warps": 4, "num_stages": 2}),
+}
+SECOND_KERNEL = {"linear": "_reduce_kernel", "extend_attention": "_merge_kernel"}  # launched only when split
+
+
+class Counting:
+    """Stands in for a kernel in a loaded module's globals: counts `kernel[grid](...)` launches."""
+
+    def __init__(self, kernel) -> None:  # noqa: ANN001
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):  # noqa: ANN001, ANN204
+        self.launches += 1
+        return self.kernel[grid]
+
+
+def predicted_split(op: str, params: dict, shape: dict) -> bool:
+    module = module_for(op)
+    if op == "linear":
+        return module.split_plan(params, shape["tokens"], shape["n"], shape["k"])[0] > 1
+    return module.splits_for(params, shape) > 1
+
+
+@pytest.mark.parametrize("name", list(SPLITTING))
+def test_new_templates_pass_the_battery_in_float32_and_bf16(name):
+    op, params = SPLITTING[name]
+    spec = get_op(op)
+    source = module_for(op).render(params)
+    forward = load_forward(source, sha256_text(source), name)
+    counter = Counting(forward.__globals__[SECOND_KERNEL[op]])
+    forward.__globals__[SECOND_KERNEL[op]] = counter
+    splits = 0
+    for i, case in enumerate(spec.battery("cpu")):
+        for dtype in (torch.float32, torch.bfloat16):
+            before = counter.launches
+            r = check_impl(spec, forward, case.shape, dtype, seed=11 + i, variant=case.variant or None)
+            assert r.ok, f"{name} {case}: {r}"
+            split = counter.launches > before
+            assert split == predicted_split(op, params, case.shape), (name, case.shape)  # the space's model holds
+            splits += split
+    assert (splits > 0) == (params["template"] in ("splitk", "splitkv"))
+
+
+PLANTED = {
+    "linear drops the K tail": ("linear tiled", "    for k0 in range(k_lo, k_hi, BLOCK_K):\n",
+                                "    for k0 in range(k_lo, k_hi - BLOCK_K + 1, BLOCK_K):\n"),
+    "linear split-K drops a chunk's tail": ("linear splitk", "        mask_k = offs_k < k_hi - k0\n",
+                                            "        mask_k = offs_k < tl.minimum(k_hi - k0, BLOCK_K - 1)\n"),
+    "linear reduce skips the last split": ("linear splitk", "    for _ in range(splits):\n",
+                                           "    for _ in range(splits - 1):\n"),
+    "extend causal mask j < i": ("extend flash", "causal = (offs_n[None, :] <= tok[:, None])",
+                                 "causal = (offs_n[None, :] < tok[:, None])"),
+    "extend prefix end off by one": ("extend splitkv", "        mask_n = offs_n < p_hi\n",
+                                     "        mask_n = offs_n < p_hi - 1\n"),
+    "extend new tokens from the pool": ("extend flash", "k = tl.load(k_ptr + (q_start + offs_n)",
+                                        "k = tl.load(kb_ptr + (q_start + offs_n)"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_planted_wrong_template_variants_fail(name):
+    config, good, bad = PLANTED[name]
+    op, params = SPLITTING[config]
+    spec = get_op(op)
+    source = module_for(op).render(params)
+    assert good in source
+    wrong = source.replace(good, bad)
+    forward = load_forward(wrong, sha256_text(wrong), name)
+    results = [check_impl(spec, forward, shape, torch.float32, seed=5) for shape in spec.test_shapes]
+    failed = [r for r in results if not r.ok]
+    assert failed, f"{name} passed every test shape"
+    assert all("outside atol" in r.reason for r in failed), failed[0]

@@ -2,10 +2,11 @@
 explored by measurement and seeded from the best kernel known.
 
 The space of an op is its template module's `space(ctx)` (agent/proposers/templates/): structures
-(whole row, multi-row tile, chunked loop, flat grid, per-token vs per-head, split-KV vs one pass) times
-parameters (block sizes, rows per program, warps, stages, split policy), narrowed to what differs on
-the context's shapes and device. Every source starts with ``# kernelloop-search: {json}`` naming its
-op, template and parameters, so a kernel that came from here can seed the next search.
+(whole row, multi-row tile, chunked loop, flat grid, per-token vs per-head, split-KV vs one pass, tiled
+vs split-K GEMM) times parameters (block sizes, rows per program, warps, stages, tile order, split
+policy), narrowed to what differs on the context's shapes and device. Every source starts with
+``# kernelloop-search: {json}`` naming its op, template and parameters, so a kernel that came from
+here can seed the next search.
 
 Order of `propose`:
 

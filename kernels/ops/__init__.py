@@ -5,9 +5,10 @@ from __future__ import annotations
 from kernels.errors import UnknownOpError
 from kernels.spec import OpSpec
 
-from . import decode_attention, fused_add_rmsnorm, rmsnorm, rope, silu_mul
+from . import decode_attention, extend_attention, fused_add_rmsnorm, linear, rmsnorm, rope, silu_mul
 
-OPS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (rmsnorm, fused_add_rmsnorm, silu_mul, rope, decode_attention)}
+OPS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (rmsnorm, fused_add_rmsnorm, silu_mul, rope, decode_attention,
+                                                    extend_attention, linear)}
 
 
 def get_op(name: str) -> OpSpec:

@@ -28,7 +28,6 @@ the heads and the dtype (shapes, never values), so it can be captured in a CUDA 
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -36,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels.models import MODELS, PREFILL_TOKENS
+from kernels.precision import full_precision_matmuls
 from kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class, some_rows, variant_of
 
 # Engine shapes: prefill chunks (new tokens per forward, all requests together) over these cached
@@ -46,17 +46,6 @@ PREFILL_BATCHES: tuple[int, ...] = (1, 4)
 REFERENCE_CHUNK = 1 << 26  # score elements the reference holds at once (256 MiB of float32)
 
 
-@contextlib.contextmanager
-def _full_precision_matmuls():
-    """float32 matmuls in full precision (no TF32) while the reference runs; the setting is restored."""
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(saved)
-
-
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
               qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
               sm_scale: float) -> torch.Tensor:
@@ -65,27 +54,27 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch
     G = Hq // Hk
     out = torch.zeros((T, Hq, D), dtype=torch.float32, device=q.device)
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    with _full_precision_matmuls():
+    with full_precision_matmuls():
         for b in range(len(qo) - 1):
             s, n = qo[b], qo[b + 1] - qo[b]
             if n <= 0:
                 continue  # no new tokens: no rows
             slots = kv_indices[kvp[b]:kvp[b + 1]]
             p = slots.numel()
-            keys = torch.cat([k_buffer[slots], k[s:s + n]]).float()  # [p + n, Hk, D]: prefix, then new
-            values = torch.cat([v_buffer[slots], v[s:s + n]]).float()
+            keys = torch.cat([k_buffer[slots], k[s:s + n]]).float().transpose(0, 1)  # [Hk, p + n, D]: prefix, new
+            values = torch.cat([v_buffer[slots], v[s:s + n]]).float().transpose(0, 1)
             rows = max(1, REFERENCE_CHUNK // (Hq * (p + n)))
             for r0 in range(0, n, rows):
                 r1 = min(n, r0 + rows)
-                seen = p + r1  # no row of this chunk sees a key past new token r1 - 1
-                qg = q[s + r0:s + r1].float().view(r1 - r0, Hk, G, D)  # query head h uses kv head h // G
-                scores = torch.einsum("rhgd,lhd->hgrl", qg, keys[:seen]) * sm_scale
-                # New token i (at position p + i) sees keys 0 .. p + i: never empty.
-                rows_at = p + torch.arange(r0, r1, device=q.device)
-                visible = torch.arange(seen, device=q.device)[None, :] <= rows_at[:, None]
-                scores = scores.masked_fill(~visible, float("-inf"))
-                o = torch.einsum("hgrl,lhd->rhgd", torch.softmax(scores, dim=-1), values[:seen])
-                out[s + r0:s + r1] = o.reshape(r1 - r0, Hq, D)
+                m, seen = r1 - r0, p + r1  # no row of this chunk sees a key past new token r1 - 1
+                # [Hk, m * G, D]: row i * G + g is new token r0 + i, query head kv_head * G + g
+                qg = q[s + r0:s + r1].float().view(m, Hk, G, D).transpose(0, 1).reshape(Hk, m * G, D)
+                # New token i (at position p + i) sees keys 0 .. p + i (never none): -inf past them.
+                hidden = torch.full((m, seen), float("-inf"), device=q.device).triu_(p + r0 + 1)
+                scores = torch.baddbmm(hidden.repeat_interleave(G, dim=0), qg, keys[:, :seen].transpose(1, 2),
+                                       alpha=sm_scale)
+                o = torch.bmm(scores.softmax(dim=-1), values[:, :seen])  # [Hk, m * G, D]
+                out[s + r0:s + r1] = o.view(Hk, m, G, D).transpose(0, 1).reshape(m, Hq, D)
     return out.to(q.dtype)
 
 
@@ -254,27 +243,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch.T
             sm_scale: float) -> torch.Tensor:
     config = launch_config(q, k.shape[1])
     return launch(q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_scale, **config)
-
-
-def extend_layout(kv_indices: torch.Tensor, prefix_lens: list[int], extend_lens: list[int]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qo_indptr, prefix kv_indptr, prefix kv_indices) from an engine batch's kv_indices, which list
-    each request's prefix slots followed by its new tokens' slots (engine/batch.py). Host lists in,
-    one gather on the device, no sync. (An engine that builds its batch on the host can instead
-    concatenate each request's first prefix_len slots there.)"""
-    prefix = torch.tensor(prefix_lens, dtype=torch.int64)
-    new = torch.tensor(extend_lens, dtype=torch.int64)
-    seq_starts = torch.cumsum(prefix + new, 0) - (prefix + new)
-    kv_indptr = torch.zeros(len(prefix_lens) + 1, dtype=torch.int64)
-    kv_indptr[1:] = torch.cumsum(prefix, 0)
-    qo_indptr = torch.zeros(len(extend_lens) + 1, dtype=torch.int64)
-    qo_indptr[1:] = torch.cumsum(new, 0)
-    # prefix entry j belongs to request owner[j]; its slot sits at seq_starts[owner] + (j - kv_indptr[owner])
-    owner = torch.repeat_interleave(torch.arange(len(prefix_lens)), prefix)
-    gather = seq_starts[owner] + torch.arange(int(kv_indptr[-1])) - kv_indptr[:-1][owner]
-    device = kv_indices.device
-    return (qo_indptr.to(torch.int32).to(device), kv_indptr.to(torch.int32).to(device),
-            kv_indices[gather.to(device)])
 
 
 # --- Inputs -------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.models import ENGINE_TOKENS, MODELS
+from kernels.precision import full_precision_matmuls
 from kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
                           size_class, variant_of, vary_rows)
 
@@ -40,37 +41,16 @@ VOCAB: dict[str, int] = {
 
 # --- reference ----------------------------------------------------------------------------------
 
-REFERENCE_CHUNK_BYTES = 1 << 30  # CUDA reference: float64 weight slices of at most this size
-
-
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x.float() @ weight.float().T + bias.float(), cast to x.dtype; never TF32.
-
-    CPU (the engine's reference path calls this for every projection): float32 F.linear, MKL/oneDNN
-    sgemm in IEEE float32, as fast as F.linear itself for float32 inputs. Elsewhere (CUDA): float64 products and
-    sums, then one rounding (cuBLAS float32 GEMMs obey process-wide TF32 flags a user may have set,
-    and the legacy and new flag APIs refuse to be mixed, so no flag is touched); weights go through
-    float64 in column slices of at most REFERENCE_CHUNK_BYTES."""
-    if x.device.type == "cpu":
+    """F.linear in IEEE float32 (no TF32: `full_precision_matmuls`), cast to x.dtype. float32 inputs
+    go to MKL/oneDNN or cuBLAS as they are (the engine's reference path calls this for every
+    projection, as fast as F.linear); fp16/bf16 ones are widened first, so the products and sums
+    are float32 with one rounding at the end (cuBLAS' own bf16 GEMM may reduce in lower precision)."""
+    with full_precision_matmuls():
         if x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32):
             return F.linear(x, weight, bias)
         y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-        return y.to(x.dtype)
-    return reference_float64(x, weight, bias)
-
-
-def reference_float64(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The reference off CPU: float64 products and sums, one rounding to x.dtype, in column slices."""
-    N, K = weight.shape
-    x2 = x.reshape(math.prod(x.shape[:-1]), K).double()
-    y = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device)
-    step = max(1, REFERENCE_CHUNK_BYTES // (8 * max(K, x2.shape[0], 1)))
-    for n0 in range(0, N, step):
-        part = x2 @ weight[n0:n0 + step].double().T
-        if bias is not None:
-            part += bias[n0:n0 + step].double()
-        y[:, n0:n0 + step] = part.to(x.dtype)
-    return y.view(*x.shape[:-1], N)
+    return y.to(x.dtype)
 
 
 # --- kernels ------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any, Iterable, Mapping, Sequence
 
 HEADER_PREFIX = "# kernelloop-search: "
-OP_NAMES = ("rmsnorm", "fused_add_rmsnorm", "silu_mul", "rope", "decode_attention")
+OP_NAMES = ("rmsnorm", "fused_add_rmsnorm", "silu_mul", "rope", "decode_attention", "linear", "extend_attention")
 
 
 def header_line(op: str, params: Mapping[str, Any]) -> str:
@@ -84,6 +84,10 @@ def module_for(op: str) -> ModuleType:
         from . import rope as m
     elif op == "decode_attention":
         from . import decode_attention as m
+    elif op == "linear":
+        from . import linear as m
+    elif op == "extend_attention":
+        from . import extend_attention as m
     else:
         raise KeyError(f"no search templates for op {op!r}")
     return m

@@ -227,15 +227,12 @@ def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 # --- inputs, shapes, cost -----------------------------------------------------------------------
 
-VARIANT_KEYS = {**ROW_VARIANT_KEYS, "bias": (True,)}
-
-
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
     """x ~ N(0, 1) as post-norm activations, with outlier channels (1 in 64, at least one) six times
     larger as real hidden states have; weight ~ N(0, 1/K) so outputs are ~N(0, 1); bias None.
     Variants: "bias" (bias ~ N(0, 1)), "scale", "zero_rows" (see `vary_rows`, on x) and "layout"
     (x laid out by `lay_out_rows`: "3d" or "strided")."""
-    v = variant_of("linear", variant, VARIANT_KEYS)
+    v = variant_of("linear", variant, {**ROW_VARIANT_KEYS, "bias": (True,)})
     g = torch.Generator(device="cpu").manual_seed(seed)
     M, N, K = shape["tokens"], shape["n"], shape["k"]
     x = torch.randn(M, K, generator=g)

@@ -13,7 +13,8 @@ on the host, where the request-to-slot table lives, and copied to the device onc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from itertools import accumulate
+from typing import Iterable, Literal
 
 import torch
 
@@ -47,32 +48,31 @@ class ForwardBatch:
         """From per-request new token ids, cached prefix lengths and all slots (prefix + new, on the host)."""
         extend_lens = [len(ids) for ids in input_ids]
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
-        positions = [torch.arange(p, s, dtype=torch.int64) for p, s in zip(prefix_lens, seq_lens)]
-        out_slots = [slots[p:] for slots, p in zip(slots_per_request, prefix_lens)]
-        new_ends = torch.cumsum(torch.tensor(extend_lens, dtype=torch.int64), 0)
+        new_ends = list(accumulate(extend_lens))
         if mode == "decode":
-            read_lens, read = seq_lens, list(slots_per_request)
-            qo_indptr = None
+            kv_indices = torch.cat(slots_per_request)
+            kv_ends = list(accumulate(seq_lens))
+            out_slots = kv_indices[torch.tensor(kv_ends) - 1]  # each request's one new token is its last
+            kv_indptr, qo_indptr = _indptr(kv_ends), None
         else:
-            read_lens, read = prefix_lens, [slots[:p] for slots, p in zip(slots_per_request, prefix_lens)]
-            qo_indptr = _indptr(new_ends).to(device)
-        flat = [t for ids in input_ids for t in ids]
+            out_slots = torch.cat([slots[p:] for slots, p in zip(slots_per_request, prefix_lens)])
+            kv_indices = torch.cat([slots[:p] for slots, p in zip(slots_per_request, prefix_lens)])
+            kv_indptr, qo_indptr = _indptr(accumulate(prefix_lens)), _indptr(new_ends).to(device)
         return cls(
             mode=mode,
-            input_ids=torch.tensor(flat, dtype=torch.int64, device=device),
-            positions=torch.cat(positions).to(device),
-            out_slots=torch.cat(out_slots).to(device),
-            kv_indptr=_indptr(torch.cumsum(torch.tensor(read_lens, dtype=torch.int64), 0)).to(device),
-            kv_indices=torch.cat(read).to(device),
+            input_ids=torch.tensor([t for ids in input_ids for t in ids], dtype=torch.int64, device=device),
+            positions=torch.tensor([i for p, s in zip(prefix_lens, seq_lens) for i in range(p, s)],
+                                   dtype=torch.int64, device=device),
+            out_slots=out_slots.to(device),
+            kv_indptr=kv_indptr.to(device),
+            kv_indices=kv_indices.to(device),
             qo_indptr=qo_indptr,
             seq_lens=seq_lens,
             extend_lens=extend_lens,
-            last_token_index=(new_ends - 1).to(device),
+            last_token_index=torch.tensor([e - 1 for e in new_ends], dtype=torch.int64, device=device),
         )
 
 
-def _indptr(ends: torch.Tensor) -> torch.Tensor:
+def _indptr(ends: Iterable[int]) -> torch.Tensor:
     """[B + 1] int32 offsets from per-request cumulative ends."""
-    indptr = torch.zeros(ends.numel() + 1, dtype=torch.int32)
-    indptr[1:] = ends
-    return indptr
+    return torch.tensor([0, *ends], dtype=torch.int32)

@@ -39,6 +39,9 @@ def clean_env(device: str) -> dict[str, str]:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # Decided here so that `import kernels` in the server never asks torch whether CUDA exists.
     env["TRITON_INTERPRET"] = "0" if device == "cuda" else "1"
+    # BLAS pools start when numpy/torch load, before confinement refuses new threads; a pool that could
+    # not start spins forever in the interpreter's large tl.dot tiles. Candidates compute on one thread.
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env
 
 

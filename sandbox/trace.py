@@ -157,7 +157,8 @@ class Recorder(TorchDispatchMode):
         if isinstance(value, torch.Tensor):
             if value.dtype not in WIRE_NAMES:
                 raise Untraceable(f"a kernel argument of dtype {value.dtype} is not supported")
-            byte_offset = value.data_ptr() - value.untyped_storage().data_ptr()
+            # Not data_ptr(): an empty tensor reports a null data pointer even when it is a slice of a buffer.
+            byte_offset = value.storage_offset() * value.element_size()
             return {"ptr": self._buffer_of(value), "byte_offset": byte_offset, "dtype": WIRE_NAMES[value.dtype]}
         if isinstance(value, tl.constexpr):
             return {"constexpr": self._kernel_arg(value.value)}

@@ -144,3 +144,36 @@ def forward(x):
         kernels_from_source(source, {"__builtins__": 1})
     with pytest.raises(ReplayError, match="rebuilding"):
         kernels_from_source("from triton import _C\nimport triton\n@triton.jit\ndef k(x):\n    pass\n", {})
+
+
+EMPTY_SLICE_SOURCE = '''
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def _copy_kernel(x_ptr, extra_ptr, y_ptr, n, n_extra, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    extra = tl.load(extra_ptr + offs, mask=offs < n_extra, other=0.0)  # never read when empty
+    tl.store(y_ptr + offs, x + extra, mask=offs < n)
+
+def forward(x, w):
+    y = torch.empty_like(x)
+    empty = w[w.numel():]  # an empty slice of a real buffer: its data_ptr() is null
+    _copy_kernel[(1,)](x, empty, y, x.numel(), empty.numel(), BLOCK=16)
+    return y
+'''
+
+
+def test_an_empty_slice_passed_to_a_kernel_replays() -> None:
+    """Caught a real bug: the byte offset came from data_ptr(), which is null for an empty tensor, so every
+    candidate handing a kernel an empty slice (no prefix, no tail) was refused as untraceable."""
+    forward, constants = load_module(EMPTY_SLICE_SOURCE, "empty_slice.py")
+    args = (torch.arange(10, dtype=torch.float32), torch.ones(4))
+    out, record, _ = _record(forward, args)
+    assert record["problem"] is None
+    launch = [e for e in record["entries"] if e["kind"] == "launch"][0]
+    assert launch["args"][1]["byte_offset"] == 16  # 4 floats in, not (0 - pointer)
+    replayed = Replay(kernels_from_source(EMPTY_SLICE_SOURCE, constants), "cpu").run(record, _fresh(args))
+    assert same_bits(replayed[0], out)

@@ -71,8 +71,9 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch
                 qg = q[s + r0:s + r1].float().view(m, Hk, G, D).transpose(0, 1).reshape(Hk, m * G, D)
                 # New token i (at position p + i) sees keys 0 .. p + i (never none): -inf past them.
                 hidden = torch.full((m, seen), float("-inf"), device=q.device).triu_(p + r0 + 1)
-                scores = torch.baddbmm(hidden.repeat_interleave(G, dim=0), qg, keys[:, :seen].transpose(1, 2),
-                                       alpha=sm_scale)
+                # q . k first, then the scale (alpha=sm_scale would scale inside the products)
+                scores = torch.baddbmm(hidden.repeat_interleave(G, dim=0), qg, keys[:, :seen].transpose(1, 2))
+                scores.mul_(sm_scale)
                 o = torch.bmm(scores.softmax(dim=-1), values[:, :seen])  # [Hk, m * G, D]
                 out[s + r0:s + r1] = o.view(Hk, m, G, D).transpose(0, 1).reshape(m, Hq, D)
     return out.to(q.dtype)

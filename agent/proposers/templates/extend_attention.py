@@ -292,10 +292,8 @@ def forward(q, k, v, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, sm_sc
     else:
         mid_o, mid_lse = o, o  # never touched
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp16/bf16 operands are exact either way
-    # No prefix at all: an empty slice has no data pointer to pass (never read: every prefix is empty).
-    indices = kv_indices if kv_indices.numel() > 0 else kv_indptr
     _extend_kernel[(blocks, Hk, parts)](
-        q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, indices, mid_o, mid_lse, sm_scale,
+        q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, mid_o, mid_lse, sm_scale,
         B, B.bit_length(), G, D, Hq, T, splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),

@@ -8,18 +8,18 @@ with the `allow_tf32` flags can make torch refuse to answer which one is in forc
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import torch
 
 
-@contextlib.contextmanager
-def full_precision_matmuls() -> Iterator[None]:
-    """float32 matmuls in IEEE float32 (no TF32, no bf16 passes) inside; the setting is restored."""
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(saved)
+class full_precision_matmuls:
+    """float32 matmuls in IEEE float32 (no TF32, no bf16 passes) inside; the setting is restored.
+    A class, not a generator: the engine's reference path enters it for every projection."""
+
+    def __enter__(self) -> None:
+        self._saved = torch.get_float32_matmul_precision()
+        if self._saved != "highest":
+            torch.set_float32_matmul_precision("highest")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved != "highest":
+            torch.set_float32_matmul_precision(self._saved)

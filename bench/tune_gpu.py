@@ -1,8 +1,9 @@
 """`agent tune` on the GPU: `python -m bench.tune_gpu [--rehearse] [--ops rmsnorm] [--out-dir DIR]`.
 
 For each op (the tl.dot kernels first when they are among them: decode_attention, linear,
-extend_attention, the likeliest to fail), the whole loop runs in-process with the search proposer on a Llama-3-8B-shaped model with
-random bf16 weights (no download): profile, propose, sandbox, commit, reload, end-to-end gate.
+extend_attention, the likeliest to fail), the whole loop runs in-process with the search proposer on
+a Llama-3-8B-shaped model with random bf16 weights (no download): profile, propose, sandbox, commit,
+reload, end-to-end gate.
 The table: the op's hottest bucket, the baseline's and the winner's time per call and percent of
 copy bandwidth (from the winner's verdict), the accepted speedup, and end-to-end tokens/s before and
 after (from the gate). A temporary registry and history are used: nothing outside the run changes.

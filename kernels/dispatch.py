@@ -47,9 +47,6 @@ class OpDispatch:
     def __call__(self, *args: Any) -> Any:
         observer = self._owner.observer
         if observer is None:
-            chain = self._cache.get(self._key(*args))
-            if chain is not None and len(chain) == 1:  # the hot path: one frame less per op call
-                return chain[0].fn(*args)
             return self._dispatch(args)
         with observer(self.spec, args):
             return self._dispatch(args)

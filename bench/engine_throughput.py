@@ -3,6 +3,9 @@
 With the embedded model (float32, reference torch ops), measured in one run:
 - output tokens/s at 1 and at 16 concurrent requests, against transformers' `generate()` on the
   same checkpoint: one request at a time, and the 16 prompts as one left-padded batch;
+- the same through HTTP as clients see it: `engine serve` in its own process, 1 or 16 concurrent
+  clients, streaming and not, each round alternated with the in-process run (the HTTP/in-process
+  ratio is the server layer's cost);
 - a shared-prefix workload (16 chat requests behind one long system prompt; the first arrives
   alone, the other 15 together, as agent traffic does) with a cold prefix cache on and off: hit
   rate, prompt tokens actually computed, tokens/s.
@@ -19,6 +22,7 @@ from typing import Sequence
 import torch
 
 import kernels  # noqa: F401  (configures Triton)
+from bench.http_load import EngineServer, PlannedRequest, send_all
 from bench.report import print_table, write_report
 from engine.engine import Engine, EngineConfig
 from engine.sampling import SamplingParams
@@ -86,9 +90,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{workload:>22} {system:<32} {tokens / seconds:8.1f} tok/s", file=sys.stderr, flush=True)
 
     engine.generate([prompts[0]], SamplingParams(max_tokens=2, temperature=0))  # warm-up
+    with EngineServer(threads=torch.get_num_threads()) as base:
+        send_all(base, [PlannedRequest(0.0, prompts[0], 2)])  # warm-up
+        for n in (1, 16):
+            planned = [PlannedRequest(0.0, p, args.max_tokens) for p in prompts[:n]]
+            runs = {"kernelloop engine": [], "engine serve, HTTP": [], "engine serve, HTTP streaming": []}
+            for _ in range(REPEATS):  # alternated, so a busy moment of the machine hits all three
+                runs["kernelloop engine"].append(run_engine(engine, prompts[:n], args.max_tokens))
+                for stream in (False, True):
+                    seconds, results = send_all(base, planned, stream=stream)
+                    runs[f"engine serve, HTTP{' streaming' if stream else ''}"].append(
+                        (seconds, sum(r.output_tokens for r in results)))
+            for system, results in runs.items():
+                row(f"{n} concurrent", system, *min(results))
     for n in (1, 16):
         batch = prompts[:n]
-        row(f"{n} concurrent", "kernelloop engine", *best_of(lambda: run_engine(engine, batch, args.max_tokens)))
         row(f"{n} concurrent", "transformers generate, one by one",
             *best_of(lambda: run_hf(hf, batch, args.max_tokens, False, pad)))
         if n > 1:
@@ -109,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             **{"hit rate": round(hit_rate, 3), "prompt tokens computed": computed})
 
     by = {(r["workload"], r["system"]): r["tokens/s"] for r in rows}
-    ratios = [
+    http = [f"{n} concurrent: HTTP{s} / in-process = {by[(f'{n} concurrent', 'engine serve, HTTP' + s)] / by[(f'{n} concurrent', 'kernelloop engine')]:.2f}x"
+            for n in (1, 16) for s in ("", " streaming")]
+    ratios = http + [
         f"1 concurrent: engine / transformers = {by[('1 concurrent', 'kernelloop engine')] / by[('1 concurrent', 'transformers generate, one by one')]:.2f}x",
         f"16 concurrent: engine / transformers one by one = {by[('16 concurrent', 'kernelloop engine')] / by[('16 concurrent', 'transformers generate, one by one')]:.2f}x",
         f"16 concurrent: engine / transformers padded batch = {by[('16 concurrent', 'kernelloop engine')] / by[('16 concurrent', 'transformers generate, padded batch')]:.2f}x",

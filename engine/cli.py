@@ -1,4 +1,11 @@
-"""`engine serve` and `engine generate`. Bad input gives one line on stderr and exit 2."""
+"""`engine serve` and `engine generate`. Bad input gives one line on stderr and exit 2.
+
+Context length: the engine serves requests of at most `max_model_len` tokens (prompt + output):
+the model's positions (at most 8192) or `--max-model-len`, lowered (with a warning) when the KV
+cache (`--kv-cache-mb`) holds fewer tokens. An explicit `--max-model-len` larger than the model's
+positions or than the KV cache holds is refused (one line, exit 2), not clamped: asking for a
+length is asking for that length. /v1/models reports the length really served.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +17,43 @@ from kernels.errors import KernelloopError
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, metavar="DIR", help="Hugging Face-format model directory (default: the embedded model)")
+    p.add_argument("--model", default=None, metavar="DIR|NAME",
+                   help="Hugging Face-format model directory, or a known model's name converted once into the "
+                        "cache (smollm2) (default: the embedded model)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--kernels", default=None, choices=("reference", "baseline", "registry"),
                    help="reference torch ops (CPU default), baseline Triton kernels, or the registry's (GPU default)")
     p.add_argument("--registry", default=None, metavar="PATH", help="kernel registry (with --kernels registry)")
-    p.add_argument("--kv-cache-mb", type=int, default=None, help="KV cache budget in MiB")
+    p.add_argument("--kv-cache-mb", type=int, default=None,
+                   help="KV cache budget in MiB (default: 256 on CPU, 85%% of free GPU memory)")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="most tokens per request, prompt + output (default: the model's positions, at most 8192, "
+                        "or what the KV cache holds if less); more than the model or the KV cache allows is an error")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (intra- and inter-op), set before the engine is built (default: torch's)")
     p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
     p.add_argument("--no-prefix-cache", action="store_true")
 
 
+def set_threads(n: int | None) -> None:
+    """--threads: torch's intra-op and inter-op thread pools, before any parallel work."""
+    if n is None:
+        return
+    if n < 1:
+        raise KernelloopError(f"--threads must be at least 1, not {n}")
+    import torch
+
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(n)
+    except RuntimeError:  # only settable once, before parallel work started (an embedding caller's process)
+        logging.getLogger(__name__).warning("inter-op threads already fixed at %d; --threads %d sets intra-op only",
+                                            torch.get_num_interop_threads(), n)
+
+
 def engine_config(args: argparse.Namespace):
+    set_threads(args.threads)
     import torch
 
     from engine.engine import EngineConfig
@@ -33,27 +65,51 @@ def engine_config(args: argparse.Namespace):
         raise KernelloopError("--registry is only used with --kernels registry")
     return EngineConfig(
         model=args.model, device=device, dtype=args.dtype, kernels=kernels, registry=args.registry,
-        kv_cache_bytes=args.kv_cache_mb << 20 if args.kv_cache_mb else None, prefix_cache=not args.no_prefix_cache,
+        kv_cache_bytes=args.kv_cache_mb << 20 if args.kv_cache_mb else None, max_context=args.max_model_len,
+        prefix_cache=not args.no_prefix_cache,
         scheduler=SchedulerConfig(max_running_requests=args.max_running),
     )
 
 
 def serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
     import uvicorn
 
     from engine.engine import Engine
     from engine.loop import EngineLoop
+    from engine.model_source import KNOWN_MODELS
     from engine.server import create_app
 
     engine = Engine(engine_config(args))
-    name = args.served_model_name or engine.model_dir.name
-    loop = EngineLoop(engine).start()
-    print(f"serving {name} ({engine.model_config.num_layers} layers, {engine.dtype}, kernels={engine.config.kernels}) "
+    # A known model answers to the name it was asked by (`--model smollm2`), a directory to its own name.
+    known = args.model and args.model.lower() in KNOWN_MODELS
+    names = args.served_model_name or [args.model.lower() if known else engine.model_dir.name]
+    loop = EngineLoop(engine)
+    server = uvicorn.Server(uvicorn.Config(create_app(loop, names), host=args.host, port=args.port, log_level="warning"))
+    # The engine steps on the main thread (faster on CPU), the HTTP server's event loop in a thread;
+    # uvicorn installs no signal handlers outside the main thread, so SIGTERM is handled here.
+    http = threading.Thread(target=server.run, name="http", daemon=True)
+
+    def shut_down(*_) -> None:
+        server.should_exit = True
+        loop.stop()
+
+    signal.signal(signal.SIGTERM, shut_down)
+    http.start()
+    print(f"serving {', '.join(names)} ({engine.model_config.num_layers} layers, {engine.dtype}, "
+          f"kernels={engine.config.kernels}, max_model_len={engine.max_model_len}) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(create_app(loop, name), host=args.host, port=args.port, log_level="warning")
+        loop.run_here(keep_going=http.is_alive)
+    except KeyboardInterrupt:
+        pass
     finally:
-        loop.stop()
+        server.should_exit = True
+        http.join(timeout=10)
+    if not server.started:
+        raise KernelloopError(f"could not serve on {args.host}:{args.port} (is the port in use?)")
     return 0
 
 
@@ -81,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="model id in the API (default: the directory name)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model ids the API answers to, one or more (default: the directory name); "
+                        "/v1/models lists them all, responses echo the one asked for")
     p.set_defaults(run=serve)
     p = sub.add_parser("generate", help="complete one prompt and print the text")
     add_engine_args(p)

@@ -12,6 +12,8 @@ import torch
 from engine.errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+SUPPORTED_MODEL_TYPES = ("llama",)  # a missing model_type is taken as llama
+SUPPORTED_ACTIVATIONS = ("silu",)  # the MLP is silu(gate) * up; a missing hidden_act is taken as silu
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ class ModelConfig:
         archs = d.get("architectures") or ["LlamaForCausalLM"]
         if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
             raise ModelLoadError(f"{where}: architecture {archs} is not supported (only {', '.join(SUPPORTED_ARCHITECTURES)})")
+        model_type = d.get("model_type")
+        if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelLoadError(f"{where}: model_type {model_type!r} is not supported (only {', '.join(SUPPORTED_MODEL_TYPES)})")
+        act = d.get("hidden_act")
+        if act is not None and act not in SUPPORTED_ACTIVATIONS:
+            raise ModelLoadError(f"{where}: hidden_act {act!r} is not supported (only {', '.join(SUPPORTED_ACTIVATIONS)})")
         if d.get("attention_bias") or d.get("mlp_bias"):
             raise ModelLoadError(f"{where}: attention or MLP biases are not supported")
         try:

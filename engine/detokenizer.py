@@ -1,4 +1,5 @@
-"""Incremental detokenization with stop strings, for streaming.
+"""Incremental detokenization with stop strings, for streaming; and each token's own bytes
+(`TokenBytes`, for logprobs).
 
 Decoding each token alone and concatenating is wrong for real tokenizers: SentencePiece-style
 decoders drop the leading space of the first token they see, byte-level and byte-fallback tokens
@@ -22,7 +23,9 @@ that starts earliest (the shortest on a tie).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 _REPLACEMENT = "\ufffd"
 _CONTEXT_IDS = 5  # prompt ids decoded as context before the first generated token
@@ -112,3 +115,60 @@ class IncrementalDetokenizer:
             if any(s.startswith(tail) for s in self._stops):
                 return pos
         return len(text)
+
+
+# -- one token's own bytes (logprobs) ---------------------------------------------------------------
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@lru_cache(maxsize=1)
+def byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level table, reversed: the printable character that stands for each byte in
+    byte-level BPE vocabularies (Llama 3, GPT-2, Qwen...) -> that byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class TokenBytes:
+    """The bytes of one token on its own, for logprobs' `bytes` field.
+
+    Decoding a single token that holds part of a multi-byte UTF-8 character gives U+FFFD, whose
+    bytes are not the token's. For such tokens the bytes come from the vocabulary itself: a
+    byte-level BPE token string maps to bytes through GPT-2's byte table, a byte-fallback token
+    (`<0xE4>`, SentencePiece) is that byte. Tokens that decode to complete text are their text's
+    UTF-8 (this covers special and added tokens, which are not byte-mapped).
+
+    `tokenizer` needs `decode(ids, skip_special_tokens=...)` and `id_to_token(id)`.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self._tok = tokenizer
+        self._cache: dict[int, bytes] = {}
+
+    def __call__(self, token_id: int) -> bytes:
+        out = self._cache.get(token_id)
+        if out is None:
+            out = self._cache[token_id] = self._bytes(token_id)
+        return out
+
+    def _bytes(self, token_id: int) -> bytes:
+        text = self._tok.decode([token_id], skip_special_tokens=False)
+        if _REPLACEMENT not in text:
+            return text.encode("utf-8")
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return text.encode("utf-8")
+        if m := _BYTE_FALLBACK.fullmatch(piece):
+            return bytes([int(m.group(1), 16)])
+        table = byte_level_decoder()
+        if piece and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        return text.encode("utf-8")  # a token that really is U+FFFD, or a vocabulary we cannot map

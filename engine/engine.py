@@ -22,6 +22,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError
 from engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
 from engine.model import LlamaModel
+from engine.model_source import resolve_model_dir
 from engine.radix_cache import RadixCache
 from engine.recorder import Recorder, region
 from engine.request import Request
@@ -43,7 +44,7 @@ class InvalidRequest(EngineError):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # Hugging Face-format directory; None serves the embedded model
+    model: str | None = None  # HF-format directory or a known name (smollm2); None: the embedded model
     device: str = "cpu"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     kernels: str = "reference"  # reference | baseline | registry
@@ -71,11 +72,12 @@ class StepOutput:
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()):
         self.config = config
-        self.model_dir = Path(config.model) if config.model else _embedded_model_dir()
+        self.model_dir = resolve_model_dir(config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_config, config.device)
+        self.max_context = _max_context(config.max_context, self.model_config)  # before the weights: fail fast
         self.model = LlamaModel(self.model_config, self.dtype, self.device)
         if config.random_weights:
             init_random_weights(self.model)
@@ -83,9 +85,10 @@ class Engine:
             load_weights(self.model, self.model_dir)
         registry = Registry(config.registry) if config.kernels == "registry" else None
         self.kernels = Dispatcher(config.kernels, registry=registry, device=config.device)
-        self.max_context = min(config.max_context or 8192, self.model_config.max_position_embeddings)
         sched = config.scheduler
         num_slots = self._kv_slots()
+        # The most tokens one request can have (prompt + output): /v1/models reports it.
+        self.max_model_len = _max_model_len(config.max_context, self.max_context, num_slots)
         self.pool = KVPool(self.model_config, num_slots, self.dtype, self.device)
         self.allocator = SlotAllocator(num_slots)
         self.rows = RequestSlots(sched.max_running_requests + 1, self.max_context)
@@ -108,7 +111,7 @@ class Engine:
             raise InvalidRequest("the prompt is empty")
         if any(not 0 <= t < self.model_config.vocab_size for t in prompt_ids):
             raise InvalidRequest(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
-        capacity = min(self.max_context, self.allocator.num_slots - 1)
+        capacity = self.max_model_len
         if len(prompt_ids) >= capacity:
             raise InvalidRequest(f"the prompt has {len(prompt_ids)} tokens; this engine serves at most {capacity - 1}")
         rid = rid or f"req-{next(self._ids)}"
@@ -274,6 +277,32 @@ class Engine:
 
 
 def _embedded_model_dir() -> Path:
-    from engine.embedded import ensure_embedded_model
+    return resolve_model_dir(None)
 
-    return ensure_embedded_model()
+
+def _max_context(asked: int | None, model: ModelConfig) -> int:
+    """The context window: `asked` (EngineConfig.max_context, the CLI's --max-model-len), else the
+    model's positions, at most 8192. Asking for more than the model's positions is an error."""
+    positions = model.max_position_embeddings
+    if asked is None:
+        return min(8192, positions)
+    if asked < 2:
+        raise EngineError(f"max model length (--max-model-len) must be at least 2, not {asked}")
+    if asked > positions:
+        raise EngineError(f"max model length (--max-model-len) {asked} is more than the model's {positions} "
+                          "positions (max_position_embeddings)")
+    return asked
+
+
+def _max_model_len(asked: int | None, context: int, num_slots: int) -> int:
+    """What one request can really have: the context window, unless the KV cache holds fewer tokens
+    (slot 0 is reserved). An explicit `asked` the cache cannot hold is an error; the default is
+    lowered with a warning."""
+    n = min(context, num_slots - 1)
+    if n < context:
+        if asked is not None:
+            raise EngineError(f"max model length (--max-model-len) {asked} does not fit the KV cache, which holds "
+                              f"{num_slots - 1} tokens; give it more memory (--kv-cache-mb) or ask for less")
+        log.warning("the KV cache holds %d tokens, fewer than the %d-token context: requests are limited to %d "
+                    "tokens (prompt + output); --kv-cache-mb gives it more memory", num_slots - 1, context, n)
+    return n

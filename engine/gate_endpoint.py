@@ -48,13 +48,13 @@ async def measure(loop: EngineLoop, lock: asyncio.Lock, body: dict[str, Any]) ->
     async with lock:
         # Untimed first: a reloaded kernel's first call pays one-time costs (JIT, interpreter rewrite).
         warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-        for _, queue in [await loop.submit(p, warm) for p in prompts]:
+        for _, queue in [await loop.submit(p, warm, stream=False) for p in prompts]:
             while not (await queue.get()).finished:
                 pass
         await loop.call(install)
         try:
             start = time.perf_counter()
-            submitted = [await loop.submit(p, params, prepare=lambda rid: captured.setdefault(rid, []))
+            submitted = [await loop.submit(p, params, prepare=lambda rid: captured.setdefault(rid, []), stream=False)
                          for p in prompts]
             greedy = []
             for rid, queue in submitted:

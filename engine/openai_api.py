@@ -61,12 +61,12 @@ class CompletionRequest(_Common):
     echo: bool = False
 
     def prompt_text_or_ids(self) -> str | list[int]:
+        if self.echo:  # whatever form the prompt takes
+            raise APIError(400, "echo is not supported", param="echo")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
             if len(self.prompt) != 1:
                 raise APIError(400, "batched prompts are not supported; send one prompt per request", param="prompt")
             return self.prompt[0]
-        if self.echo:
-            raise APIError(400, "echo is not supported", param="echo")
         return self.prompt  # type: ignore[return-value]
 
 
@@ -103,7 +103,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion_logprobs(items: list[TokenLogprobs], token_text, offset: int) -> dict[str, Any]:
-    """The legacy completions `logprobs` object."""
+    """The legacy completions `logprobs` object. `text_offset` counts characters from the start of
+    the completion: `offset` is where `items` begin (in a stream: the length of the tokens' text
+    already sent, see `next_text_offset`)."""
     tokens, offsets = [], []
     for lp in items:
         tokens.append(token_text(lp.token_id))
@@ -117,10 +119,16 @@ def completion_logprobs(items: list[TokenLogprobs], token_text, offset: int) -> 
     }
 
 
-def chat_logprobs(items: list[TokenLogprobs], token_text) -> dict[str, Any]:
+def next_text_offset(logprobs: dict[str, Any], offset: int) -> int:
+    """Where the text offsets of the tokens after a `completion_logprobs(..., offset)` object begin."""
+    return offset + sum(len(t) for t in logprobs["tokens"])
+
+
+def chat_logprobs(items: list[TokenLogprobs], token_text, token_bytes) -> dict[str, Any]:
+    """`token_bytes(id)`: the token's own bytes (part of a UTF-8 character for some tokens, where
+    `token_text` can only give U+FFFD), see engine.detokenizer.TokenBytes."""
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": token_text(token_id), "logprob": logprob, "bytes": list(token_bytes(token_id))}
 
     return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
                         for lp in items]}

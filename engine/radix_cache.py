@@ -113,11 +113,13 @@ class RadixCache:
 
     # ---- lookup and insertion ----------------------------------------------------------------
 
-    def match_prefix(self, tokens: Sequence[int] | torch.Tensor) -> PrefixMatch:
+    def match_prefix(self, tokens: Sequence[int] | torch.Tensor, *, count: bool = True) -> PrefixMatch:
         """Longest cached prefix of `tokens`. A match ending inside an edge splits that node so the
-        returned node ends exactly at the match. Touches the path (LRU) and counts hit tokens."""
+        returned node ends exactly at the match. Touches the path (LRU) and, with `count`, counts
+        queried and hit tokens (off for the scheduler's own look-ups of what it just inserted)."""
         key = _as_key(tokens)
-        self.queried_tokens += len(key)
+        if count:
+            self.queried_tokens += len(key)
         if self.disabled or not key:
             return PrefixMatch(_EMPTY, self.root)
         self._clock += 1
@@ -129,7 +131,8 @@ class RadixCache:
             child.last_access = self._clock
             values.append(child.value)
             node, pos = child, pos + n
-        self.hit_tokens += pos
+        if count:
+            self.hit_tokens += pos
         return PrefixMatch(torch.cat(values) if values else _EMPTY, node)
 
     def insert(self, tokens: Sequence[int] | torch.Tensor, slots: torch.Tensor) -> int:

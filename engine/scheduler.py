@@ -5,6 +5,10 @@ Policy (one forward per `schedule()`):
   an extend batch (at most `max_prefill_tokens` new tokens). A prompt longer than `chunk_size`
   is prefilled in chunks, one chunked request at a time; it finishes before the next is admitted.
 - Otherwise decode every running request by one token.
+- Prefix cache: after each prefill forward (each chunk of a chunked one) the tokens computed so
+  far go into the prefix cache and the request holds them through a lock, as SGLang's
+  `cache_unfinished_req` does; so requests admitted while it still prefills or decodes share them.
+  At finish (or retraction) the decoded tokens follow and the lock is dropped.
 - KV memory: slots come from the allocator; when it runs dry, unlocked prefix-cache leaves are
   evicted (LRU); when that is not enough for a decode step, the most recently admitted running
   request is retracted: its KV goes to the prefix cache, it returns to the front of the queue,
@@ -67,10 +71,12 @@ class Scheduler:
     # -- after a forward ---------------------------------------------------------------------
 
     def advance(self, batch: ScheduledBatch) -> None:
-        """Record that the batch's KV was computed; finished prefills start decoding."""
+        """Record that the batch's KV was computed (a prefill's goes to the prefix cache at once);
+        finished prefills start decoding."""
         for req, n, sampled in zip(batch.requests, batch.lengths, batch.samples):
             req.computed_len += n
             if batch.mode == "extend":
+                self._cache_computed(req)
                 if sampled:
                     self.chunked = None if self.chunked is req else self.chunked
                     self.running.append(req)
@@ -164,6 +170,30 @@ class Scheduler:
         self._release(req)
         req.retractions += 1
         self.waiting.appendleft(req)
+
+    def _cache_computed(self, req: Request) -> None:
+        """Put the request's computed tokens into the prefix cache now, not only when it finishes.
+
+        Slot ownership: the request owns row[cached_len:computed_len]. The cache takes those it did
+        not have yet; the ones it already had (another request cached the same tokens since this one
+        was admitted) are freed and the row points at the cache's copies instead. The request then
+        holds the whole computed prefix through one lock on the node that ends it (taken before the
+        old one is dropped), so `_release` later frees nothing twice and nothing still in use.
+        """
+        n = req.computed_len
+        if self.cache.disabled or n <= req.cached_len:
+            return
+        tokens = req.all_ids[:n]
+        slots = self.rows.read(req.row, n).clone()
+        already = self.cache.insert(tokens, slots)
+        if already > req.cached_len:
+            self.allocator.free(slots[req.cached_len:already])
+        match = self.cache.match_prefix(tokens, count=False)
+        assert len(match) == n, f"{n} tokens inserted but {len(match)} matched"
+        self.cache.lock(match.node)
+        self.cache.unlock(req.prefix_node)
+        self.rows.write(req.row, 0, match.slots)
+        req.prefix_node, req.cached_len = match.node, n
 
     def _release(self, req: Request) -> None:
         """Computed KV to the prefix cache, duplicates and unused slots freed, lock and row dropped."""

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from engine.detokenizer import TokenBytes
 from engine.engine import InvalidRequest, StepOutput
-from engine.loop import EngineLoop
+from engine.loop import EngineLoop, next_output
 from engine.metrics import render_metrics
 from engine.openai_api import (APIError, ChatRequest, CompletionRequest, chat_body, chat_chunk, chat_logprobs,
-                               completion_body, completion_logprobs, new_id, usage)
+                               completion_body, completion_logprobs, new_id, next_text_offset, usage)
 from engine import gate_endpoint
 from engine.profiling import StepProfiler
 from engine.sampling import InvalidSamplingParams
@@ -23,9 +25,14 @@ from engine.sampling import InvalidSamplingParams
 DEFAULT_MAX_TOKENS = 256
 
 
-def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
+def create_app(loop: EngineLoop, model_names: str | Sequence[str]) -> FastAPI:
+    """`model_names`: the model ids the API answers to (the first is the main one)."""
     app = FastAPI(title="kernelloop engine")
     engine = loop.engine
+    names = [model_names] if isinstance(model_names, str) else list(model_names)
+    if not names:
+        raise ValueError("at least one served model name is needed")
+    token_bytes = TokenBytes(engine.tokenizer)
     profiler = StepProfiler(loop)
     gate_lock = asyncio.Lock()
 
@@ -40,17 +47,20 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
         message = "malformed JSON body" if first.get("type") == "json_invalid" else f"{where}: {first.get('msg', 'invalid')}"
         return JSONResponse(APIError(400, message, param=where or None).body(), status_code=400)
 
-    def check_model(name: str) -> None:
-        if name != model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {model_name!r}",
+    def check_model(name: str) -> str:
+        """The served name the request asked for (responses echo it); 404 for any other."""
+        if name not in names:
+            served = ", ".join(repr(n) for n in names)
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {served}",
                            param="model", code="model_not_found")
+        return name
 
     def token_text(token_id: int) -> str:
         return engine.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    async def start(prompt_ids: list[int], params) -> tuple[str, Any]:
+    async def start(prompt_ids: list[int], params, stream: bool) -> tuple[str, Any]:
         try:
-            return await loop.submit(prompt_ids, params)
+            return await loop.submit(prompt_ids, params, stream=stream)
         except InvalidRequest as exc:
             raise APIError(400, str(exc), param="prompt") from None
 
@@ -74,7 +84,7 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
         tokens, out = 0, None
         try:
             while True:
-                out: StepOutput = await queue.get()
+                out: StepOutput = await next_output(queue)
                 tokens += len(out.token_ids)
                 body = chunk(out)
                 if body is not None:
@@ -92,29 +102,34 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok" if loop.error is None else "degraded", "last_error": loop.error,
-                "device": engine.kernels.device, "kernels": engine.kernels.mode, "model": model_name,
+                "device": engine.kernels.device, "kernels": engine.kernels.mode, "model": names[0],
                 "model_dir": str(engine.model_dir),
                 "registry": str(engine.kernels.registry.path) if engine.kernels.registry is not None else None}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "kernelloop",
-                                            "max_model_len": engine.max_context}]}
+        # max_model_len: the most tokens (prompt + output) one request can have, as add_request enforces.
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "kernelloop",
+                                            "max_model_len": engine.max_model_len} for name in names]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        check_model(body.model)
+        model_name = check_model(body.model)
         prompt = body.prompt_text_or_ids()
         ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         params = sampling(body, body.logprobs)
-        rid, queue = await start(ids, params)
+        rid, queue = await start(ids, params, body.stream)
         cid = new_id("cmpl")
         want_usage = body.stream_options is not None and body.stream_options.include_usage
         if body.stream:
+            offset = [0]  # text_offset continues across chunks, from the start of the completion
+
             def chunk(out: StepOutput):
-                lps = [lp for lp in out.logprobs if lp is not None]
-                return completion_body(cid, model_name, out.text, out.finish_reason,
-                                       completion_logprobs(lps, token_text, 0) if params.logprobs is not None else None, None)
+                logprobs = None
+                if params.logprobs is not None:
+                    logprobs = completion_logprobs([lp for lp in out.logprobs if lp is not None], token_text, offset[0])
+                    offset[0] = next_text_offset(logprobs, offset[0])
+                return completion_body(cid, model_name, out.text, out.finish_reason, logprobs, None)
 
             def final(tokens: int):
                 return {**completion_body(cid, model_name, "", None, None, usage(len(ids), tokens)), "choices": []} if want_usage else None
@@ -126,7 +141,7 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
-        check_model(body.model)
+        model_name = check_model(body.model)
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
         try:
             prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -136,7 +151,7 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
         if body.max_completion_tokens is not None and body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
         params = sampling(body, body.logprob_count())
-        rid, queue = await start(ids, params)
+        rid, queue = await start(ids, params, body.stream)
         cid = new_id("chatcmpl")
         want_usage = body.stream_options is not None and body.stream_options.include_usage
         if body.stream:
@@ -147,14 +162,14 @@ def create_app(loop: EngineLoop, model_name: str) -> FastAPI:
                 first[0] = False
                 lps = [lp for lp in out.logprobs if lp is not None]
                 return chat_chunk(cid, model_name, delta, out.finish_reason,
-                                  chat_logprobs(lps, token_text) if params.logprobs is not None else None)
+                                  chat_logprobs(lps, token_text, token_bytes) if params.logprobs is not None else None)
 
             def final(tokens: int):
                 return chat_chunk(cid, model_name, {}, None, usage_=usage(len(ids), tokens), choices=False) if want_usage else None
 
             return StreamingResponse(stream(rid, queue, chunk, final), media_type="text/event-stream")
         text, lps, finish, tokens = await collect(rid, queue)
-        logprobs = chat_logprobs(lps, token_text) if params.logprobs is not None else None
+        logprobs = chat_logprobs(lps, token_text, token_bytes) if params.logprobs is not None else None
         return chat_body(cid, model_name, text, finish, logprobs, usage(len(ids), tokens))
 
     @app.get("/metrics")

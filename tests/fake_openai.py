@@ -10,7 +10,9 @@ Each POST to /v1/chat/completions consumes the next action of the script:
 - a str: the reply text, wrapped in a proper `chat.completion` with usage (one choice, or as many
   as the request's `n` when the server was built with `honor_n=True`);
 - a list of str: one choice per text (whatever `n` says);
-- a dict: `{"tool_call": {"name": ..., "arguments": {...}}}` (a tool-call reply), or
+- a dict: `{"tool_call": {"name": ..., "arguments": {...}}}` (a tool-call reply),
+  `{"text": "...", "finish_reason": "length"}` (one choice ending for that reason: "length" is an
+  answer cut by max_tokens), `{"status": 400, "message": "..."}` (that error), or
   `{"choices": [...]}` / `{"raw": "..."}` to send that JSON / body verbatim;
 - an int: that HTTP status with an OpenAI-style error body (e.g. 500, 401);
 - "garbage": a 200 whose body is not JSON;
@@ -18,7 +20,8 @@ Each POST to /v1/chat/completions consumes the next action of the script:
 - "sleep:S": wait S seconds before answering (longer than the client's timeout), then 500.
 
 When the script runs out every further request gets 500 ("script exhausted"). Usage is counted as
-len(text) // 4 per side, at least 1, so tests can predict it.
+len(text) // 4 per side, at least 1, so tests can predict it. GET /v1/models lists `model` only
+(with `max_model_len` when given); every path requested, GET or POST, is in `paths`.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ def _tokens(text: str) -> int:
 
 
 class FakeOpenAI:
-    def __init__(self, script: list[Any], *, model: str = "fake-model", honor_n: bool = False) -> None:
+    def __init__(self, script: list[Any], *, model: str = "fake-model", honor_n: bool = False,
+                 max_model_len: int | None = None) -> None:
         self.script = list(script)
         self.model = model
+        self.max_model_len = max_model_len
         self.honor_n = honor_n
         self.requests: list[dict[str, Any]] = []   # JSON bodies received (a non-JSON body: {"_raw": ...})
         self.paths: list[str] = []
@@ -108,8 +113,8 @@ class FakeOpenAI:
             self.responses.append(completion)
         return completion
 
-    def _text_reply(self, body: dict[str, Any], texts: list[str]) -> dict[str, Any]:
-        choices = [{"index": i, "finish_reason": "stop", "logprobs": None,
+    def _text_reply(self, body: dict[str, Any], texts: list[str], finish_reason: str = "stop") -> dict[str, Any]:
+        choices = [{"index": i, "finish_reason": finish_reason, "logprobs": None,
                     "message": {"role": "assistant", "content": t}} for i, t in enumerate(texts)]
         return self._completion(body, choices, "".join(texts))
 
@@ -139,6 +144,12 @@ class FakeOpenAI:
                 return 200, str(action["raw"]).encode(), 0.0
             if "tool_call" in action:
                 return 200, _json(self._tool_reply(body, action["tool_call"])), 0.0
+            if "status" in action:
+                status = int(action["status"])
+                return status, _error_body(status, str(action.get("message", ""))), 0.0
+            if "text" in action:
+                reply = self._text_reply(body, [str(action["text"])], action.get("finish_reason", "stop"))
+                return 200, _json(reply), 0.0
             if "choices" in action:
                 return 200, _json(self._completion(body, action["choices"], "")), 0.0
             raise ValueError(f"unknown dict action {action!r}")
@@ -187,8 +198,12 @@ class FakeOpenAI:
                 self._send(status, payload)
 
             def do_GET(self) -> None:  # noqa: N802
+                fake.paths.append(self.path)
                 if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, _json({"object": "list", "data": [{"id": fake.model, "object": "model"}]}))
+                    entry = {"id": fake.model, "object": "model", "created": 0, "owned_by": "fake"}
+                    if fake.max_model_len is not None:
+                        entry["max_model_len"] = fake.max_model_len
+                    self._send(200, _json({"object": "list", "data": [entry]}))
                 else:
                     self._send(404, _error_body(404, f"no route {self.path}"))
 

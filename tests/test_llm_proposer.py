@@ -251,22 +251,28 @@ def test_reply_without_code_yields_nothing_and_is_told_next_round(ctx):
     with FakeOpenAI([prose, reply(CODE1)]) as fake:
         p = proposer(fake)
         assert p.propose(ctx, [], 1) == [] and p.last_error is None
-        proposals = p.propose(ctx, [], 1)
+        [(answer, verdict)] = p.rejected                  # the loop records it and passes it back
+        assert answer.source == prose and answer.label == "llm fake-model round 1 choice 1"
+        assert (verdict["failure"], verdict["stage"], verdict["accepted"]) == ("no-code", "proposal", False)
+        proposals = p.propose(ctx, [(answer, verdict)], 1)
     messages = fake.requests[1]["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[2]["content"] == prose
-    assert "had no python code block" in messages[3]["content"]
-    assert [x.source for x in proposals] == [CODE1]
+    assert "Nothing could be judged (no-code): no code block" in messages[3]["content"]
+    assert "one ```python fenced block" in messages[3]["content"]
+    assert [x.source for x in proposals] == [CODE1] and p.rejected == []
 
 
 def test_truncated_reply_is_reported_as_cut_off(ctx):
     cut = {"choices": [{"index": 0, "finish_reason": "length", "logprobs": None,
                         "message": {"role": "assistant", "content": "```python\nimport torch\ndef forw"}}]}
     with FakeOpenAI([cut, reply(CODE1)]) as fake:
-        p = proposer(fake)
+        p = proposer(fake, max_tokens_per_round=16)
         assert p.propose(ctx, [], 1) == []
-        p.propose(ctx, [], 1)
-    assert "cut off at the token limit" in fake.requests[1]["messages"][-1]["content"]
+        p.propose(ctx, p.rejected, 1)
+    told = fake.requests[1]["messages"][-1]["content"]
+    assert "Nothing could be judged (cut-off): cut off by max_tokens (16) inside its code block" in told
+    assert "within the token limit" in told
 
 
 # -- feedback_text per failure code --------------------------------------------------------------

@@ -5,6 +5,11 @@ that serving engine (profile over HTTP, commit to its registry, POST /kernels/re
 measurements taken by the engine through POST /gate/measure). A run that was
 killed resumes where it stopped the next time `agent tune` runs for the same op (`--restart`
 abandons it instead).
+
+With `--proposer llm` the endpoint at OPENAI_BASE_URL (any OpenAI-compatible server, `engine serve`
+included) is checked with GET /models before any other work. The exit status is 0 when the run
+finished (winner or not), 1 when the proposers never produced a single candidate (the result line
+says why), 2 for bad input or an unusable endpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from agent.gate import GateConfig
 from agent.loop.context import LoopContext
 from agent.loop.graph import run_tune, unfinished_run
 from agent.loop.state import TuneSettings
+from agent.proposers.prompts import PROPOSAL_STAGE
 from agent.remote import RemoteEngine
 from agent.render import print_json, print_table
 from history import History
@@ -41,6 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--proposer", choices=("search", "llm", "both"), default="search")
     p.add_argument("--llm-model", default=os.environ.get("KERNELLOOP_LLM_MODEL", "gpt-4o"),
                    help="model name at OPENAI_BASE_URL (default: $KERNELLOOP_LLM_MODEL or gpt-4o)")
+    p.add_argument("--llm-max-tokens", type=int, default=8000, metavar="N",
+                   help="completion tokens per LLM answer (max_tokens; default 8000)")
+    p.add_argument("--llm-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds per LLM request before it is retried (default 120)")
     p.add_argument("--rounds", type=int, default=3, help="propose/check rounds at most (default 3)")
     p.add_argument("--candidates", type=int, default=4, help="candidates per proposer per round (default 4)")
     p.add_argument("--min-gain", type=float, default=0.03)
@@ -64,8 +74,23 @@ def _proposers(args: argparse.Namespace) -> dict[str, Any]:
 
         if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
             raise KernelloopError("--proposer llm needs OPENAI_BASE_URL (and OPENAI_API_KEY) for an OpenAI-compatible endpoint")
-        out["llm"] = LLMProposer(model=args.llm_model)
+        if getattr(args, "llm_max_tokens", 1) < 1 or getattr(args, "llm_timeout", 1) <= 0:
+            raise KernelloopError("--llm-max-tokens must be at least 1 and --llm-timeout positive")
+        llm = LLMProposer(model=args.llm_model, max_tokens_per_round=getattr(args, "llm_max_tokens", 8000),
+                          timeout_s=getattr(args, "llm_timeout", 120.0))
+        try:
+            _progress(llm.check_endpoint())  # before any profiling: a dead endpoint is one line, exit 2
+        except BaseException:
+            llm.close()
+            raise
+        out["llm"] = llm
     return out
+
+
+def _close(proposers: dict[str, Any]) -> None:
+    for proposer in proposers.values():
+        if hasattr(proposer, "close"):
+            proposer.close()
 
 
 def _progress(message: str) -> None:
@@ -95,22 +120,30 @@ def run(args: argparse.Namespace) -> int:
         get_op(args.op)
     if args.rounds < 1 or args.candidates < 1:
         raise KernelloopError("--rounds and --candidates must be at least 1")
-    remote, device, registry, model = engine_target(args)
-    settings = TuneSettings(op=args.op, device=device, proposers=tuple(_proposers_names(args)), rounds=args.rounds,
-                            candidates=args.candidates, min_gain=args.min_gain)
-    with History(args.history) as history:
-        ctx = LoopContext(history=history, registry=Registry(registry), proposers=_proposers(args),
-                          device=device, model=model, remote=remote,
-                          gate=GateConfig(tps_tolerance=args.gate_tps_tolerance), progress=_progress)
-        try:
-            previous = unfinished_run(ctx, args.op)
-            if previous is not None and args.restart:
-                history.finish_run(previous, "abandoned", {"reason": "--restart"})
-                previous = None
-            state = run_tune(settings, ctx, resume=previous)
-        finally:
-            ctx.close()
+    proposers = _proposers(args)
+    try:
+        remote, device, registry, model = engine_target(args)
+        settings = TuneSettings(op=args.op, device=device, proposers=tuple(_proposers_names(args)), rounds=args.rounds,
+                                candidates=args.candidates, min_gain=args.min_gain)
+        with History(args.history) as history:
+            ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
+                              device=device, model=model, remote=remote,
+                              gate=GateConfig(tps_tolerance=args.gate_tps_tolerance), progress=_progress)
+            try:
+                previous = unfinished_run(ctx, args.op)
+                if previous is not None and args.restart:
+                    history.finish_run(previous, "abandoned", {"reason": "--restart"})
+                    previous = None
+                state = run_tune(settings, ctx, resume=previous)
+            finally:
+                ctx.close()
+    finally:
+        _close(proposers)
     show(state, args.json)
+    if state.get("status") == "no-candidate":
+        if args.json:  # the result line goes to stdout otherwise
+            print(f"agent tune: {state.get('reason')}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -128,8 +161,10 @@ def show(state: dict[str, Any], as_json: bool) -> None:
     rows = [(j["label"], j["proposer"], "ACCEPTED" if j["verdict"]["accepted"] else (j["verdict"]["failure"] or "-"),
              f"{j['verdict']['speedup']:.3f}x" if j["verdict"]["speedup"] else "-", j["verdict"]["reason"])
             for j in judged]
-    print_table(f"agent tune {state.get('op', '')}: {len(judged)} candidates", ("candidate", "proposer", "verdict",
-                                                                             "speedup", "reason"), rows)
+    unjudged = sum(1 for j in judged if j["verdict"].get("stage") == PROPOSAL_STAGE)
+    title = f"agent tune {state.get('op', '')}: {len(judged) - unjudged} candidates judged" + (
+        f", {unjudged} answers not judged" if unjudged else "")
+    print_table(title, ("candidate", "proposer", "verdict", "speedup", "reason"), rows)
     committed = state.get("committed")
     print(f"result: {state.get('status')}: {state.get('reason')}"
           + (f" (registry entry {committed['entry_id']})" if committed and state.get("status") == "winner" else ""))

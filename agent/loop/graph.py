@@ -5,6 +5,9 @@
                   |          |-- rounds left ----------> propose (with the verdicts as feedback)
                   +----------|-- otherwise -----------> finish
 
+A round whose answers were all unusable (no candidate, but proposal verdicts) goes on to the next
+round while rounds are left; a round without any answer finishes the run.
+
 Checkpoints are written synchronously (durability="sync"), so a hard kill at any point resumes at
 the step that was running; the steps themselves are idempotent (agent/loop/nodes.py).
 """
@@ -25,8 +28,12 @@ from agent.loop.state import TuneSettings, TuneState
 RECURSION_LIMIT = 500  # steps per run: one per candidate judged, plus a handful
 
 
-def _after_propose(state: TuneState) -> str:
-    return "check" if state.get("pending") else "finish"
+def _after_propose(settings: TuneSettings):
+    def route(state: TuneState) -> str:
+        if state.get("pending"):
+            return "check"
+        return "propose" if state.get("status") == "running" and state.get("round", 0) < settings.rounds else "finish"
+    return route
 
 
 def _after_check(settings: TuneSettings):
@@ -45,7 +52,7 @@ def build(nodes: Nodes, settings: TuneSettings):
         graph.add_node(name, getattr(nodes, name))
     graph.add_edge(START, "profile")
     graph.add_edge("profile", "propose")
-    graph.add_conditional_edges("propose", _after_propose, ["check", "finish"])
+    graph.add_conditional_edges("propose", _after_propose(settings), ["check", "propose", "finish"])
     graph.add_conditional_edges("check", _after_check(settings), ["check", "gate_before", "propose", "finish"])
     graph.add_edge("gate_before", "commit")
     graph.add_edge("commit", "gate_after")

@@ -4,6 +4,12 @@ Every step may run twice (a hard kill after its side effect but before its check
 side effect is looked up before it is repeated: a candidate is recorded once per (run, source
 hash), judged once (an existing verdict is reused), committed once (the registry's current entry is
 checked), rolled back once.
+
+Every answer a proposer gives becomes a history row with a verdict: a candidate gets the sandbox's; an
+unusable answer (a proposer's `rejected`: no code, cut off, unfinished) and a module proposed again in
+the same run (duplicate, never judged twice) get a proposal verdict (stage "proposal") at once. All of
+them go back to their proposer as feedback. A run whose proposers never produced a candidate ends
+"no-candidate", with the cause.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from agent.loop.context import LoopContext
 from agent.loop.state import TuneSettings, TuneState
 from agent.loop.target import choose_target, op_shapes
 from agent.proposers.base import Proposal, TuneContext
+from agent.proposers.prompts import PROPOSAL_FAILURES, PROPOSAL_STAGE, proposal_verdict
 from kernels.device import device_fingerprint
 from kernels.ops import get_op
 from kernels.registry.entry import Provenance, sha256_text
@@ -25,9 +32,40 @@ from sandbox import CheckOptions
 VERDICT_KEYS = ("correct", "accepted", "speedup", "speedup_interval", "failure", "reason", "stage", "baseline")
 
 
+# How the cause of a run without a candidate counts each kind of unusable answer (singular, plural).
+ANSWER_KINDS = {
+    "no-code": ("answer without a code block", "answers without a code block"),
+    "cut-off": ("cut off by max_tokens", "cut off by max_tokens"),
+    "truncated": ("answer with an unfinished code block", "answers with an unfinished code block"),
+    "duplicate": ("repeat of an earlier module", "repeats of an earlier module"),
+}
+assert set(ANSWER_KINDS) == set(PROPOSAL_FAILURES)
+
+
 def _trim(verdict: dict[str, Any]) -> dict[str, Any]:
     timing = {k: v for k, v in (verdict.get("timing") or {}).items() if k != "rounds_detail"}
     return {**{k: verdict.get(k) for k in VERDICT_KEYS}, "timing": timing}
+
+
+def _judged_in_sandbox(entry: dict[str, Any]) -> bool:
+    return entry["verdict"].get("stage") != PROPOSAL_STAGE
+
+
+def _display(name: str) -> str:
+    return "LLM" if name == "llm" else name
+
+
+def no_candidate_reason(name: str, rounds: int, judged: list[dict[str, Any]], error: str | None) -> str:
+    """'the LLM proposer produced no candidate in 3 rounds: 2 answers without a code block, 1 cut off by
+    max_tokens' (+ '; <the endpoint's last error>')."""
+    counts: dict[str, int] = {}
+    for j in judged:
+        if j["proposer"] == name:
+            counts[j["verdict"]["failure"]] = counts.get(j["verdict"]["failure"], 0) + 1
+    kinds = [f"{n} {ANSWER_KINDS[f][n != 1] if f in ANSWER_KINDS else f}" for f, n in counts.items()]
+    text = (f"the {_display(name)} proposer produced no candidate in {rounds} round{'s' if rounds != 1 else ''}: "
+            + (", ".join(kinds) or "no answer"))
+    return text + (f"; {error}" if error else "")
 
 
 class Nodes:
@@ -62,32 +100,68 @@ class Nodes:
         ctx, op = self.ctx, state["op"]
         entry = self._current_entry(state)
         failures = tuple({"source": a.get("source", ""), "failure": a["failure"], "reason": a["reason"]}
-                         for a in ctx.history.attempts(op=op, limit=20) if a.get("failure") not in (None, "not-faster"))[:5]
+                         for a in ctx.history.attempts(op=op, limit=20)
+                         if a.get("failure") not in (None, "not-faster", *PROPOSAL_FAILURES))[:5]
         tctx = TuneContext(op=op, dtype=state["dtype"], device=self.settings.device, shapes=tuple(state["shapes"]),
                            best_source=ctx.registry.source(entry) if entry else None,
                            baseline_source=inspect.getsource(inspect.getmodule(get_op(op).forward)),
                            roofline=state.get("roofline") or {}, failures=failures)
-        pending = []
+        pending: list[dict[str, Any]] = []
+        answered: list[dict[str, Any]] = []   # this round's answers that got a proposal verdict
+        errors: dict[str, str] = {}
         round_no = state["round"] + 1
         for name, proposer in ctx.proposers.items():
             feedback = [(Proposal(j["source"], j["proposer"], j["label"]), j["verdict"])
                         for j in state["judged"] if j["proposer"] == name]
             for p in proposer.propose(tctx, feedback, self.settings.candidates):
                 sha = sha256_text(p.source)
-                cid = ctx.history.find_candidate(state["run_id"], sha) or ctx.history.record_candidate(
-                    op, p.source, p.proposer, model=p.model, prompt=p.prompt, tokens_prompt=p.tokens_prompt,
-                    tokens_completion=p.tokens_completion, run_id=state["run_id"])
-                if any(j["candidate_id"] == cid for j in state["judged"]) or any(q["candidate_id"] == cid for q in pending):
+                cid = ctx.history.find_candidate(state["run_id"], sha)
+                first = next((q for q in state["judged"] + pending + answered
+                              if cid is not None and q["candidate_id"] == cid), None)
+                if first is not None:  # the same module again: recorded, not judged twice
+                    answered.append(self._record(state, p, self._duplicate(first)))
                     continue
+                cid = cid or self._record_candidate(state, p)
                 pending.append({"candidate_id": cid, "sha256": sha, "source": p.source, "proposer": p.proposer,
                                 "label": p.label})
+            for p, verdict in getattr(proposer, "rejected", None) or []:
+                answered.append(self._record(state, p, verdict))
             if getattr(proposer, "last_error", None):
-                ctx.progress(f"{name} proposer: {proposer.last_error}")
-        ctx.progress(f"round {round_no}: {len(pending)} new candidates")
-        update: dict[str, Any] = {"pending": pending, "round": round_no}
-        if not pending:
-            update.update(status="no-winner", reason="the proposers had nothing new to try")
+                errors[name] = proposer.last_error
+                ctx.progress(f"{_display(name)} proposer: {proposer.last_error}")
+        for a in answered:
+            ctx.progress(f"  {a['label']}: {a['verdict']['failure']}: {a['verdict']['reason']}")
+        ctx.progress(f"round {round_no}: {len(pending)} new candidates"
+                     + (f", {len(answered)} answers not judged" if answered else ""))
+        update: dict[str, Any] = {"pending": pending, "round": round_no, "judged": state["judged"] + answered,
+                                  "errors": errors}
+        if not pending and not answered:
+            why = "; ".join(f"{_display(n)} proposer: {e}" for n, e in errors.items())
+            update.update(status="no-winner", reason=why or "the proposers had nothing new to try")
         return update
+
+    def _record_candidate(self, state: TuneState, p: Proposal) -> int:
+        return self.ctx.history.record_candidate(
+            state["op"], p.source, p.proposer, model=p.model, prompt=p.prompt, tokens_prompt=p.tokens_prompt,
+            tokens_completion=p.tokens_completion, run_id=state["run_id"])
+
+    def _duplicate(self, first: dict[str, Any]) -> dict[str, Any]:
+        v = first.get("verdict")
+        outcome = ("judged in this round" if v is None else
+                   f"{'accepted' if v['accepted'] else v['failure']}: {v['reason']}")
+        return {**proposal_verdict("duplicate", f"the same module as {first['label']} (candidate "
+                                                f"{first['candidate_id']}, {outcome})"),
+                "duplicate_of": first["candidate_id"]}
+
+    def _record(self, state: TuneState, p: Proposal, verdict: dict[str, Any]) -> dict[str, Any]:
+        """An answer with a proposal verdict: its candidate row (a duplicate points at the first) and verdict."""
+        verdict = {"op": state["op"], "device": self.fingerprint, **verdict}
+        cid = self.ctx.history.record_candidate(
+            state["op"], p.source, p.proposer, model=p.model, prompt=p.prompt, tokens_prompt=p.tokens_prompt,
+            tokens_completion=p.tokens_completion, run_id=state["run_id"], parent_id=verdict.get("duplicate_of"))
+        self.ctx.history.record_verdict(cid, verdict)
+        return {"candidate_id": cid, "sha256": sha256_text(p.source), "source": p.source, "proposer": p.proposer,
+                "label": p.label, "verdict": _trim(verdict)}
 
     def check(self, state: TuneState) -> dict[str, Any]:
         ctx = self.ctx
@@ -160,7 +234,18 @@ class Nodes:
         if status == "running":
             status = "no-winner"
         reason = state.get("reason") or "no candidate was accepted by the sandbox"
+        judged, errors = state.get("judged", []), state.get("errors") or {}
+        empty = [name for name in self.ctx.proposers if not any(
+            j["proposer"] == name and _judged_in_sandbox(j) for j in judged)]
+        causes = [no_candidate_reason(name, state.get("round", 0), judged, errors.get(name))
+                  for name in empty]
+        if status == "no-winner" and self.ctx.proposers and len(empty) == len(self.ctx.proposers):
+            status, reason = "no-candidate", "; ".join(causes)
+        else:
+            for cause in causes:
+                self.ctx.progress(f"warning: {cause}")
         detail = {"op": state.get("op"), "reason": reason, "committed": state.get("committed"),
-                  "candidates": len(state.get("judged", [])), "gate": state.get("gate")}
+                  "candidates": sum(1 for j in judged if _judged_in_sandbox(j)), "answers": len(judged),
+                  "rounds": state.get("round", 0), "gate": state.get("gate")}
         self.ctx.history.finish_run(state["run_id"], status, detail)
         return {"status": status, "reason": reason}

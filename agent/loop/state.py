@@ -25,7 +25,7 @@ class TuneSettings:
 class TuneState(TypedDict, total=False):
     run_id: int
     op: str
-    status: str                    # running | winner | no-winner | gate-failed | failed
+    status: str                    # running | winner | no-winner | no-candidate | gate-failed | failed
     reason: str
     profile_id: int | None
     dtype: str
@@ -34,7 +34,8 @@ class TuneState(TypedDict, total=False):
     roofline: dict[str, Any]
     round: int
     pending: list[dict[str, Any]]  # proposals to judge: {candidate_id, source, proposer, label, ...}
-    judged: list[dict[str, Any]]   # {candidate_id, label, proposer, sha256, verdict (trimmed)}
+    judged: list[dict[str, Any]]   # {candidate_id, label, proposer, sha256, verdict (trimmed)}, proposal verdicts too
+    errors: dict[str, str]         # the latest round's proposer errors (the endpoint's last_error), by proposer
     winner: dict[str, Any] | None
     gate_before: dict[str, Any] | None
     committed: dict[str, Any] | None   # {entry_id, commit_sha}

@@ -1,5 +1,7 @@
 """The LLM proposer's prompts: the task (op spec, reference, current kernel, profile, device, rules,
-earlier failures) and the per-verdict feedback of multi-round refinement.
+earlier failures), its compact form for models with a small context window, and the per-verdict
+feedback of multi-round refinement (sandbox verdicts, and the proposal verdicts of answers that never
+reached the sandbox: no code, cut off, unfinished, a repeat).
 
 Pure text functions, no I/O, so tests can check exactly what a model is told.
 """
@@ -260,7 +262,56 @@ def task_prompt(ctx: Any) -> str:
     return "\n\n".join(sections)
 
 
+def bare_code(source: str) -> str:
+    """Python source without comments and docstrings (unparsable text comes back unchanged)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree) + "\n"
+
+
+def compact_task_prompt(ctx: Any) -> str:
+    """The task for a model whose context window cannot hold `task_prompt`: the op, its signature, the
+    current kernel and the rules in brief (no reference, profile, device facts or earlier failures)."""
+    spec = get_op(ctx.op)
+    current = bare_code(kernel_text(ctx.best_source or ctx.baseline_source))
+    return "\n\n".join([
+        f"Write a faster Triton implementation of the `{ctx.op}` op for {ctx.dtype} on {ctx.device}.",
+        f"Signature: {spec.signature}\n{spec.summary}",
+        "Current kernel (yours must beat it):\n```python\n" + current.rstrip() + "\n```",
+        f"Rules: define `def forward({', '.join(spec.arg_names)})`; compute only in @triton.jit kernels (torch "
+        f"may only allocate); imports: {', '.join(sorted(ALLOWED_IMPORTS))}; mask every tl.load and tl.store.",
+        "Reply with the complete module in one ```python block.",
+    ])
+
+
 # -- feedback ------------------------------------------------------------------------------------
+
+# Answers that never reached the sandbox get a verdict of their own (stage "proposal"), recorded in
+# history and told back like the sandbox's. The sandbox's failure codes are sandbox.verdict.FAILURES.
+PROPOSAL_STAGE = "proposal"
+PROPOSAL_FAILURES = (
+    "no-code",     # the answer holds no code block (prose, an empty answer, a tool call without source)
+    "cut-off",     # max_tokens cut the answer (finish_reason "length") before a complete code block
+    "truncated",   # the answer ended inside its code block: never closed, and the code does not parse
+    "duplicate",   # the same module as an earlier candidate of this run: not judged again
+)
+
+
+def proposal_verdict(failure: str, reason: str, **extra: Any) -> dict:
+    """The verdict record of an answer that never reached the sandbox (the shape of Verdict.to_json())."""
+    assert failure in PROPOSAL_FAILURES, failure
+    return {"correct": False, "accepted": False, "speedup": None, "speedup_interval": None, "failure": failure,
+            "reason": reason, "stage": PROPOSAL_STAGE, "baseline": None, "timing": {}, "checks": [],
+            "log_tail": "", "duration_s": 0.0, **extra}
+
 
 HINTS = {
     "static": "Fix that line; the module is checked before it runs (imports, names, attributes, forward's signature).",
@@ -284,6 +335,10 @@ HINTS = {
                       "use more warps or smaller blocks (loop over long rows in chunks).",
     "not-faster": "Correct, but not faster: change the strategy (grid size, block shape, fewer passes over memory).",
     "impossible-speedup": "The timing looked faster than the hardware allows; do not cache or skip work.",
+    "no-code": "Reply with the complete module in one ```python fenced block.",
+    "cut-off": "Be brief: no explanation, only the module in one ```python block, well within the token limit.",
+    "truncated": "Write the whole module and close its ```python block with ```.",
+    "duplicate": "It was judged already; change the approach instead of sending it again.",
 }
 
 
@@ -335,6 +390,10 @@ def feedback_text(verdict: dict) -> str:
         lines.append(f"Wrong results (mismatch): {reason}")
     elif failure in ("not-faster", "impossible-speedup"):
         lines.append(f"Correct, but rejected ({failure}): {reason}")
+    elif failure in ("no-code", "cut-off", "truncated"):
+        lines.append(f"Nothing could be judged ({failure}): {reason}")
+    elif failure == "duplicate":
+        lines.append(f"Not judged again (duplicate): {reason}")
     elif failure:
         lines.append(f"Rejected ({failure}): {reason}")
     else:
@@ -354,8 +413,3 @@ def next_round_text(feedback: str) -> str:
     """A feedback user turn: the verdict, then the request for a better module."""
     return feedback + "\n\nWrite an improved, complete module in one ```python block."
 
-
-def no_code_text(finish_reason: str | None = None) -> str:
-    cut = " (it was cut off at the token limit: be more concise)" if finish_reason == "length" else ""
-    return (f"Your reply had no python code block{cut}, so nothing could be judged. Reply with the complete "
-            "module in one ```python fenced block.")

@@ -27,24 +27,26 @@ TARGET_PROGRAMS = 528  # stage-1 programs worth launching: ~4 waves of an H100/H
 def reference(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, kv_indptr: torch.Tensor,
               kv_indices: torch.Tensor, sm_scale: float) -> torch.Tensor:
     B, Hq, D = q.shape
-    Hk = k_buffer.shape[1]
+    S, Hk = k_buffer.shape[:2]
     lens = (kv_indptr[1:] - kv_indptr[:-1]).long()
     L = int(lens.max()) if B else 0
     if L == 0:
         return torch.zeros_like(q)
-    # Pad every request to the longest: [B, L] positions, masked past each request's length.
+    # Pad every request to the longest: [B, L] positions; past a request's length the slot is a
+    # stand-in (slot kv_indices[0]) whose score gets -inf.
     pos = torch.arange(L, device=q.device)
     valid = pos[None, :] < lens[:, None]
-    idx = torch.where(valid, kv_indptr[:-1, None].long() + pos[None, :], 0)
-    slots = kv_indices[idx]
-    k = k_buffer[slots].float()  # [B, L, Hk, D]
-    v = v_buffer[slots].float()
+    slots = kv_indices[torch.where(valid, kv_indptr[:-1, None].long() + pos[None, :], 0)].view(-1)
+    bias = torch.zeros(valid.shape, dtype=torch.float32, device=q.device).masked_fill_(~valid, float("-inf"))
+    # This is also the CPU engine's default decode path: index_select of whole pool rows and batched
+    # matmuls over [B, Hk] (G query heads of a kv head as rows) run ~2x faster than advanced
+    # indexing and einsum.
+    k = k_buffer.reshape(S, Hk * D).index_select(0, slots).view(B, L, Hk, D).float().transpose(1, 2)  # [B, Hk, L, D]
+    v = v_buffer.reshape(S, Hk * D).index_select(0, slots).view(B, L, Hk, D).float().transpose(1, 2)
     qg = q.float().view(B, Hk, Hq // Hk, D)  # query head h uses kv head h // G
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * sm_scale
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty request: all -inf -> 0
-    o = torch.einsum("bhgl,blhd->bhgd", p, v).reshape(B, Hq, D)
-    return o.to(q.dtype)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * sm_scale + bias[:, None, None, :]
+    p = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # an empty request: all -inf -> 0
+    return torch.matmul(p, v).reshape(B, Hq, D).to(q.dtype)
 
 
 @triton.jit

@@ -10,7 +10,8 @@ continued turn by turn, varied question and output lengths), arriving staggered 
 - transformers: the same model and tokens in this process, served in fixed batches: when idle it
   takes up to `--batch-size` waiting requests, left-pads them and runs `generate()` to the longest
   output; TTFT is when the batch's first token is produced (generous: no HTTP, no streaming cost).
-Both sides run with the same torch thread count. One stream: the first requests one at a time.
+Both sides run with the same torch thread count and malloc settings (engine/cpu_allocator.py).
+One stream: the first requests one at a time.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ def summarize(workload: str, system: str, seconds: float, results: list[RequestR
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.agent_workload", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model name or directory (default: the embedded model)")
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--rate", type=float, default=None, help="arrivals per second (default: 16 embedded, 2 otherwise)")
+    # Defaults: arrivals faster than a static-batch server keeps up with (the case continuous batching
+    # is for), still spread over seconds: 64 at 48/s on the embedded model, 32 at 2/s otherwise.
+    parser.add_argument("--requests", type=int, default=None, help="requests (default: 64 embedded, 32 otherwise)")
+    parser.add_argument("--rate", type=float, default=None, help="arrivals per second (default: 48 embedded, 2 otherwise)")
     parser.add_argument("--batch-size", type=int, default=8, help="transformers' static batch size")
     parser.add_argument("--one-stream", type=int, default=4, help="requests sent one at a time for the one-stream rows")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, both sides")
@@ -110,18 +113,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import LlamaForCausalLM
 
+    from engine.cpu_allocator import keep_freed_memory
     from engine.model_source import resolve_model_dir
     from engine.tokenizer import Tokenizer
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # the engine's malloc settings for transformers too: only the serving differs
     model_dir = resolve_model_dir(args.model)
     tok = Tokenizer.from_dir(model_dir)
-    rate = args.rate or (16.0 if args.model is None else 2.0)
+    rate = args.rate or (48.0 if args.model is None else 2.0)
+    n_requests = args.requests or (64 if args.model is None else 32)
 
     def encode_chat(messages: list[dict[str, str]]) -> list[int]:
         return tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
 
-    requests = build_workload(encode_chat, args.requests, rate, args.seed)
+    requests = build_workload(encode_chat, n_requests, rate, args.seed)
     name = args.model or "embedded"
     hf = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     pad = min(tok.eos_token_ids) if tok.eos_token_ids else 0

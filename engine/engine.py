@@ -18,6 +18,7 @@ import torch
 from engine.batch import ForwardBatch
 from engine.config import ModelConfig, resolve_dtype
 from engine.cuda_graph import DecodeGraphs
+from engine.cpu_allocator import keep_freed_memory
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError
 from engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
@@ -76,6 +77,8 @@ class Engine:
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # large per-layer buffers stay in the heap (engine/cpu_allocator.py)
         self.dtype = resolve_dtype(config.dtype, self.model_config, config.device)
         self.max_context = _max_context(config.max_context, self.model_config)  # before the weights: fail fast
         self.model = LlamaModel(self.model_config, self.dtype, self.device)

@@ -69,11 +69,11 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buffer: torch
                 m, seen = r1 - r0, p + r1  # no row of this chunk sees a key past new token r1 - 1
                 # [Hk, m * G, D]: row i * G + g is new token r0 + i, query head kv_head * G + g
                 qg = q[s + r0:s + r1].float().view(m, Hk, G, D).transpose(0, 1).reshape(Hk, m * G, D)
-                # New token i (at position p + i) sees keys 0 .. p + i (never none): -inf past them.
-                hidden = torch.full((m, seen), float("-inf"), device=q.device).triu_(p + r0 + 1)
                 # q . k first, then the scale (alpha=sm_scale would scale inside the products)
-                scores = torch.baddbmm(hidden.repeat_interleave(G, dim=0), qg, keys[:, :seen].transpose(1, 2))
-                scores.mul_(sm_scale)
+                scores = torch.bmm(qg, keys[:, :seen].transpose(1, 2)).mul_(sm_scale)
+                # New token i (at position p + i) sees keys 0 .. p + i (never none): -inf past them.
+                hidden = torch.ones((m, seen), dtype=torch.bool, device=q.device).triu_(p + r0 + 1)
+                scores.view(Hk, m, G, seen).masked_fill_(hidden[None, :, None, :], float("-inf"))
                 o = torch.bmm(scores.softmax(dim=-1), values[:, :seen])  # [Hk, m * G, D]
                 out[s + r0:s + r1] = o.view(Hk, m, G, D).transpose(0, 1).reshape(m, Hq, D)
     return out.to(q.dtype)

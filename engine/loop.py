@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from concurrent.futures import Future
 from typing import Any, Callable
 
@@ -27,12 +28,25 @@ from engine.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Held:
+    """Outputs of one request merged until they are due: at finish (`every` None: not streamed), or
+    every `every` tokens after the first output, which is always sent at once (TTFT)."""
+
+    every: int | None
+    pending: StepOutput | None = None
+    started: bool = False
+
+
 class EngineLoop:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, stream_interval: int = 1):
+        if stream_interval < 1:
+            raise ValueError(f"stream interval must be at least 1 token, not {stream_interval}")
         self.engine = engine
+        self.stream_interval = stream_interval  # streamed requests get a chunk every this many tokens
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._merging: dict[str, StepOutput | None] = {}  # rid -> output so far, for requests that do not stream
+        self._held: dict[str, _Held] = {}  # requests whose outputs are merged before delivery
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._stop = threading.Event()
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) per step, last 10 s
@@ -64,7 +78,8 @@ class EngineLoop:
         """Add a request; its StepOutputs arrive on the returned queue. Raises what add_request raises.
 
         `prepare(rid)` runs in the loop thread right after the request is added, before any step.
-        `stream=False`: the queue receives one output, all tokens merged, when the request finishes.
+        `stream=False`: the queue receives one output, all tokens merged, when the request finishes;
+        streamed, the first output at once and then one every `stream_interval` tokens.
         """
         out: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -72,8 +87,8 @@ class EngineLoop:
         def add() -> str:
             req = self.engine.add_request(prompt_ids, params)
             self._sinks[req.rid] = (loop, out)
-            if not stream:
-                self._merging[req.rid] = None
+            if not stream or self.stream_interval > 1:
+                self._held[req.rid] = _Held(None if not stream else self.stream_interval)
             if prepare is not None:
                 prepare(req.rid)
             return req.rid
@@ -145,12 +160,16 @@ class EngineLoop:
         """Hand a step's outputs to their requests' queues: one thread-safe call per event loop."""
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepOutput]]] = {}
         for output in outputs:
-            if output.rid in self._merging:
-                output = merge_outputs(self._merging[output.rid], output)
-                if not output.finished:
-                    self._merging[output.rid] = output
+            held = self._held.get(output.rid)
+            if held is not None:
+                output = merge_outputs(held.pending, output)
+                due = held.every is not None and (not held.started or len(output.token_ids) >= held.every)
+                if not (output.finished or due):
+                    held.pending = output
                     continue
-                del self._merging[output.rid]
+                held.pending, held.started = None, True
+                if output.finished:
+                    del self._held[output.rid]
             sink = self._sinks.get(output.rid)
             if output.finished:
                 self._sinks.pop(output.rid, None)
@@ -162,7 +181,7 @@ class EngineLoop:
 
     def _abort(self, rid: str) -> None:
         self._sinks.pop(rid, None)
-        self._merging.pop(rid, None)
+        self._held.pop(rid, None)
         self.engine.abort(rid)
 
     def _fail_all(self) -> None:

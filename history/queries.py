@@ -57,6 +57,21 @@ LIMIT :limit
 """
 
 
+PROPOSAL_STAGE = "proposal"  # the verdict stage of an LLM answer that never reached the sandbox
+
+
+def outcome(attempt: dict[str, Any]) -> str:
+    """One word for an attempt row: pending, accepted, correct, not judged (an unusable or repeated
+    answer, stage "proposal") or wrong."""
+    if attempt.get("verdict_id") is None:
+        return "pending"
+    if attempt.get("accepted"):
+        return "accepted"
+    if attempt.get("correct"):
+        return "correct"
+    return "not judged" if attempt.get("stage") == PROPOSAL_STAGE else "wrong"
+
+
 class Queries:
     """Read methods of `History` (which provides `db`, `path` and `_lock`)."""
 

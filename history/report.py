@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 from history import charts
 from history.db import now_iso
+from history.queries import outcome
 from history.store import History
 
 REPORT_NAME = "kernelloop-report.html"
@@ -113,10 +114,6 @@ def _profile_table(p: dict[str, Any] | None) -> str:
 def _attempts_table(attempts: list[dict[str, Any]]) -> str:
     if not attempts:
         return NO_DATA
-    def outcome(a: dict[str, Any]) -> str:
-        if a.get("verdict_id") is None:
-            return "pending"
-        return "accepted" if a.get("accepted") else ("correct" if a.get("correct") else "wrong")
     rows = [((a.get("created_at") or "")[:19].replace("T", " "), a.get("op"), a.get("proposer"),
              (a.get("sha256") or "")[:10], outcome(a), _num(a.get("speedup"), "{:.3f}x"), a.get("failure"),
              a.get("reason")) for a in attempts]

@@ -85,7 +85,7 @@ def test_an_aborted_non_streamed_request_leaves_nothing_behind(loop):
         return rid
 
     rid = asyncio.run(run())
-    assert rid not in loop._merging and rid not in loop._sinks and rid not in loop.engine.requests
+    assert rid not in loop._held and rid not in loop._sinks and rid not in loop.engine.requests
 
 
 def test_a_stream_that_fell_behind_gets_the_waiting_outputs_as_one_chunk():
@@ -102,3 +102,24 @@ def test_a_stream_that_fell_behind_gets_the_waiting_outputs_as_one_chunk():
     merged, left = asyncio.run(run())
     assert (merged.token_ids, merged.text, merged.finished, merged.finish_reason) == ([1, 2, 3], "t1t2t3", True, "stop")
     assert len(merged.logprobs) == 3 and left == 1  # stops at the finished output
+
+
+def test_a_stream_interval_sends_the_first_token_at_once_then_every_n():
+    engine_loop = EngineLoop(Engine(EngineConfig()), stream_interval=4).start()
+    try:
+        params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+        async def run():
+            _, queue = await engine_loop.submit(engine_loop.engine.tokenizer.encode("a red boat"), params)
+            return await _drain(queue)
+
+        outputs = asyncio.run(run())
+    finally:
+        engine_loop.stop()
+    assert [len(o.token_ids) for o in outputs] == [1, 4, 4, 1]  # first at once, then 4 by 4, the rest at finish
+    assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+
+
+def test_a_stream_interval_below_one_is_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        EngineLoop(None, stream_interval=0)

@@ -340,3 +340,16 @@ def test_an_empty_file_becomes_a_history_and_a_corrupt_one_is_refused(tmp_path):
     with pytest.raises(HistoryError, match="SQLite database") as err:
         History(corrupt)
     assert "\n" not in str(err.value) and corrupt.read_bytes() == content
+
+
+@pytest.mark.parametrize("row, word", [
+    ({"verdict_id": None}, "pending"),
+    ({"verdict_id": 1, "accepted": True, "correct": True, "stage": "done"}, "accepted"),
+    ({"verdict_id": 1, "accepted": False, "correct": True, "stage": "timing"}, "correct"),
+    ({"verdict_id": 1, "accepted": False, "correct": False, "stage": "correctness"}, "wrong"),
+    ({"verdict_id": 1, "accepted": False, "correct": False, "stage": "proposal"}, "not judged"),
+])
+def test_an_answer_that_never_reached_the_sandbox_is_not_called_wrong(row, word):
+    from history.queries import outcome
+
+    assert outcome(row) == word

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-runs", type=int, default=None, help="stop after this many tune runs")
     p.add_argument("--max-hours", type=float, default=None, help="stop after this long")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    p.add_argument("--model", default=None, metavar="DIR")
+    p.add_argument("--model", default=None, metavar="DIR|NAME", help="model directory or a known name (smollm2)")
     p.add_argument("--proposer", choices=("search", "llm", "both"), default="search")
     p.add_argument("--llm-model", default="gpt-4o")
     p.add_argument("--rounds", type=int, default=3)

@@ -6,16 +6,11 @@ import argparse
 from pathlib import Path
 
 from history import History, default_history_path
+from history.queries import outcome
 from kernels import get_op
 
 from agent.render import print_json, print_table
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+from engine.cli import positive_int
 
 
 def add_history_argument(p: argparse.ArgumentParser) -> None:
@@ -33,14 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _judgement(row: dict) -> str:
-    if row["verdict_id"] is None:
-        return "pending"
-    if row["accepted"]:
-        return "accepted"
-    return "correct" if row["correct"] else "wrong"
-
-
 def run(args: argparse.Namespace) -> int:
     path = default_history_path() if args.history is None else Path(args.history).expanduser()
     if not path.exists():  # a read never creates the file
@@ -53,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    table = [(r["created_at"][:19].replace("T", " "), r["op"], r["proposer"], (r["sha256"] or "")[:10], _judgement(r),
+    table = [(r["created_at"][:19].replace("T", " "), r["op"], r["proposer"], (r["sha256"] or "")[:10], outcome(r),
               "" if r["speedup"] is None else f"{r['speedup']:.3f}x", r["failure"] or "", r["reason"] or "")
              for r in rows]
     what = f" matching {args.search!r}" if args.search else ""

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=int, default=16, help="requests in the built-in workload (default 16)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--model", default=None, metavar="DIR", help="in-process only: model directory (default: the embedded model)")
+    p.add_argument("--model", default=None, metavar="DIR|NAME",
+                   help="in-process only: model directory or a known name (smollm2) (default: the embedded model)")
     p.add_argument("--kernels", choices=("reference", "baseline", "registry"), default="reference",
                    help="in-process only: which kernels the engine runs (default reference: fast on CPU)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="in-process only (default: cuda if available)")

@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tune a running engine (started with --kernels registry, on this machine: the agent commits to its "
                         "registry and builds the gate's reference from its model directory); default: an in-process engine")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
-    p.add_argument("--model", default=None, metavar="DIR", help="model directory (default: the embedded model)")
+    p.add_argument("--model", default=None, metavar="DIR|NAME",
+                   help="model directory or a known name (smollm2) (default: the embedded model)")
     p.add_argument("--proposer", choices=("search", "llm", "both"), default="search")
     p.add_argument("--llm-model", default=os.environ.get("KERNELLOOP_LLM_MODEL", "gpt-4o"),
                    help="model name at OPENAI_BASE_URL (default: $KERNELLOOP_LLM_MODEL or gpt-4o)")

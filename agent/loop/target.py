@@ -31,7 +31,7 @@ def choose_target(profile: dict[str, Any], history: Any) -> tuple[str, str]:
         headroom = 1.0 - min((row.get("roofline_pct") or 0.0) / 100.0, 1.0)
         score = row["share"] * headroom
         runs = history.recent_runs("tune", name, since)
-        if runs and all(r["status"] in ("no-winner", "gate-failed") for r in runs):
+        if runs and all(r["status"] in ("no-winner", "gate-failed", "no-candidate") for r in runs):
             score *= RECENT_FAILURE_WEIGHT
         scored.append((score, name, row))
     score, name, row = max(scored)

@@ -15,6 +15,7 @@ import json
 import re
 from typing import Any, Iterable
 
+from history.queries import PROPOSAL_STAGE
 from kernels.ops import get_op
 from sandbox.static_check import ALLOWED_IMPORTS
 
@@ -296,7 +297,7 @@ def compact_task_prompt(ctx: Any) -> str:
 
 # Answers that never reached the sandbox get a verdict of their own (stage "proposal"), recorded in
 # history and told back like the sandbox's. The sandbox's failure codes are sandbox.verdict.FAILURES.
-PROPOSAL_STAGE = "proposal"
+# PROPOSAL_STAGE (from history.queries): the stage of a verdict for an answer never judged (no usable module, a repeat)
 PROPOSAL_FAILURES = (
     "no-code",     # the answer holds no code block (prose, an empty answer, a tool call without source)
     "cut-off",     # max_tokens cut the answer (finish_reason "length") before a complete code block

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -30,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.gguf_fetch import sha256_file
 from engine.tokenizer import render_chat_template
 from kernels.device import cache_root
 
@@ -54,14 +54,6 @@ def default_cache_root() -> Path:
     return cache_root()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify(model_dir: Path) -> bool:
     """True when `model_dir` holds a complete build of this recipe (marker present, hashes match)."""
     try:
@@ -69,7 +61,7 @@ def verify(model_dir: Path) -> bool:
         files = marker["files"]
         if marker.get("recipe_version") != RECIPE_VERSION or not files:
             return False
-        return all(_sha256(model_dir / name) == digest for name, digest in files.items())
+        return all(sha256_file(model_dir / name) == digest for name, digest in files.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
@@ -133,7 +125,7 @@ def build_in_subprocess(out_dir: Path) -> dict:
 
 
 def _write_marker(model_dir: Path, facts: dict) -> None:
-    files = {p.name: _sha256(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
+    files = {p.name: sha256_file(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
     marker = {"recipe_version": RECIPE_VERSION, "files": files, **facts}
     tmp = model_dir / (MARKER + ".tmp")
     tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n", encoding="utf-8")

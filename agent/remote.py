@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import numpy as np
@@ -35,19 +35,17 @@ class RemoteEngine:
         except (httpx.HTTPError, ValueError) as exc:
             raise KernelloopError(f"{self.url}{path} failed: {exc}") from None
 
-    def profile(self, workload: list[WorkloadRequest]) -> dict[str, Any]:
-        return profile_url(self.url, workload, concurrency=4, seconds=self.timeout_s)
+    def profile(self, workload: list[WorkloadRequest],
+                progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+        return profile_url(self.url, workload, concurrency=4, seconds=self.timeout_s, progress=progress)
 
-    def reload_kernels(self) -> dict[str, Any]:
-        return self._post("/kernels/reload").get("changed", {})
+    def reload_kernels(self, revision: str | None = None) -> dict[str, Any]:
+        """The engine re-reads the registry at HEAD (or at commit `revision`); returns what changed."""
+        return self._post("/kernels/reload", {"revision": revision} if revision else None).get("changed", {})
 
     def measure(self, prompt_ids: list[list[int]], config: GateConfig) -> Measurement:
-        """The gate's measurement taken by the engine itself (best tokens/s of `config.repeats` runs)."""
-        best: dict[str, Any] = {}
-        for _ in range(max(1, config.repeats)):
-            reply = self._post("/gate/measure", {"prompts": prompt_ids, "max_tokens": config.max_tokens})
-            if not best or reply["tokens_per_second"] > best["tokens_per_second"]:
-                best = reply
+        """The gate's measurement taken by the engine itself."""
+        best = self._post("/gate/measure", {"prompts": prompt_ids, "max_tokens": config.max_tokens})
         vocab = best["vocab"]
         logprobs = [torch.from_numpy(np.frombuffer(base64.b64decode(b), dtype=np.float32).copy())
                     .reshape(-1, vocab).double() for b in best["logprobs"]]

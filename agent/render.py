@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -24,3 +25,22 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     for row in rows:
         table.add_row(*(escape(str(v)) for v in row))
     console.print(table)
+
+
+def warn(message: str) -> None:
+    """One line on stderr, for what a person should know but that does not stop the command."""
+    sys.stderr.write(f"warning: {message}\n")
+
+
+def throttled(emit: Callable[[str], None], every_s: float = 5.0, prefix: str = "") -> Callable[[str], None]:
+    """A progress callback that passes on at most one message per `every_s` seconds (the first at once):
+    long phases (a sandbox battery, timing rounds) show where they are without a line per step."""
+    last = [float("-inf")]
+
+    def progress(message: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            emit(prefix + message)
+
+    return progress

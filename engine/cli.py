@@ -61,12 +61,11 @@ def set_threads(n: int | None) -> None:
 
 def engine_config(args: argparse.Namespace):
     set_threads(args.threads)
-    import torch
-
     from engine.engine import EngineConfig
     from engine.scheduler import SchedulerConfig
+    from kernels.device import resolve_device
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     kernels = args.kernels or ("registry" if device == "cuda" else "reference")
     if args.registry and kernels != "registry":
         raise KernelloopError("--registry is only used with --kernels registry")

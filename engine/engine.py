@@ -201,9 +201,10 @@ class Engine:
         raw["variants"] = self.kernels.variants_in_use()
         return raw
 
-    def reload_kernels(self) -> dict:
-        """Re-read the kernel registry (between steps); returns the variants that changed."""
-        changed = self.kernels.reload()
+    def reload_kernels(self, revision: str | None = None) -> dict:
+        """Re-read the kernel registry (its HEAD, or commit `revision`) between steps; returns the
+        variants that changed."""
+        changed = self.kernels.reload(revision)
         if changed and self.graphs is not None:
             self.graphs = self._capture_graphs()  # graphs hold the kernels they were captured with
         return changed

@@ -3,7 +3,8 @@
 Body: {"prompts": [[token ids], ...], "max_tokens": N}. The prompts are decoded greedily (EOS
 ignored) alongside live traffic; the full next-token log-distribution at every generated position is
 captured through Engine.logits_hook. Reply: {"greedy": [[ids]], "tokens_per_second": x, "vocab": V,
-"logprobs": [base64 of float32 [positions, V] per prompt]}. One measurement at a time.
+"logprobs": [base64 of float32 [positions, V] per prompt]}. One measurement at a time. A body of
+another shape, or a prompt the engine refuses (ids out of range, longer than it serves), gets 400.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from engine.engine import InvalidRequest
 from engine.loop import EngineLoop
 from engine.openai_api import APIError
 from engine.sampling import SamplingParams
@@ -23,13 +25,40 @@ MAX_PROMPTS = 16
 MAX_TOKENS = 64
 
 
-async def measure(loop: EngineLoop, lock: asyncio.Lock, body: dict[str, Any]) -> dict[str, Any]:
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_body(body: Any) -> tuple[list[list[int]], int]:
+    """(prompts, max_tokens) of a request body; APIError(400) naming what is wrong."""
+    if not isinstance(body, dict):
+        raise APIError(400, 'the body must be a JSON object like {"prompts": [[token ids], ...], "max_tokens": N}')
     prompts, max_tokens = body.get("prompts"), body.get("max_tokens", 6)
     if (not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_PROMPTS
-            or not all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompts)):
+            or not all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompts)):
         raise APIError(400, f"prompts: 1 to {MAX_PROMPTS} non-empty lists of token ids", param="prompts")
-    if not isinstance(max_tokens, int) or not 0 < max_tokens <= MAX_TOKENS:
-        raise APIError(400, f"max_tokens: 1 to {MAX_TOKENS}", param="max_tokens")
+    if not _is_int(max_tokens) or not 0 < max_tokens <= MAX_TOKENS:
+        raise APIError(400, f"max_tokens: an integer from 1 to {MAX_TOKENS}", param="max_tokens")
+    return prompts, max_tokens
+
+
+async def submit_all(loop: EngineLoop, prompts: list[list[int]], params: SamplingParams,
+                     prepare: Callable[[str], None] | None = None) -> list[tuple[str, asyncio.Queue]]:
+    """Every prompt submitted, or none: a prompt the engine refuses (ids out of range, too long)
+    aborts those already in and is answered with 400."""
+    submitted: list[tuple[str, asyncio.Queue]] = []
+    for i, prompt in enumerate(prompts):
+        try:
+            submitted.append(await loop.submit(prompt, params, prepare=prepare, stream=False))
+        except InvalidRequest as exc:
+            for rid, _ in submitted:
+                loop.abort(rid)
+            raise APIError(400, f"prompts.{i}: {exc}", param=f"prompts.{i}") from None
+    return submitted
+
+
+async def measure(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, Any]:
+    prompts, max_tokens = check_body(body)
     engine = loop.engine
     captured: dict[str, list[torch.Tensor]] = {}
 
@@ -48,14 +77,13 @@ async def measure(loop: EngineLoop, lock: asyncio.Lock, body: dict[str, Any]) ->
     async with lock:
         # Untimed first: a reloaded kernel's first call pays one-time costs (JIT, interpreter rewrite).
         warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-        for _, queue in [await loop.submit(p, warm, stream=False) for p in prompts]:
+        for _, queue in await submit_all(loop, prompts, warm):
             while not (await queue.get()).finished:
                 pass
         await loop.call(install)
         try:
             start = time.perf_counter()
-            submitted = [await loop.submit(p, params, prepare=lambda rid: captured.setdefault(rid, []), stream=False)
-                         for p in prompts]
+            submitted = await submit_all(loop, prompts, params, prepare=lambda rid: captured.setdefault(rid, []))
             greedy = []
             for rid, queue in submitted:
                 ids: list[int] = []

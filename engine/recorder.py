@@ -23,10 +23,16 @@ moved. Each op entry says which source its seconds come from (`timing`):
     cpu-wall-replay      the same replay on CPU (a rehearsal of the GPU path; interpreter times)
 
 `collect()` returns raw seconds; profiler/ turns them into shares, buckets and roofline figures.
+
+Stopping from another thread (the HTTP server, while the engine is mid-step): whoever drives the
+steps calls `commit()` after each one; `close()`, from any thread, stops the recording and keeps what
+was committed, so a step cut in half never lands in the figures. `set_time_limit(s)` makes the
+Recorder close itself the first time it is used after `s` seconds (a profile nobody stops).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -66,6 +72,11 @@ class Recorder:
         self.dispatcher: Dispatcher | None = None
         self.op_timing = "auto"
         self.attach(dispatcher, op_timing)
+        self._lock = threading.Lock()  # commit() and close() come from different threads
+        self._committed: tuple[dict[str, int], dict[tuple, int]] = ({}, {})  # sample counts at the last commit()
+        self.deadline: float | None = None  # perf_counter time after which the Recorder closes itself
+        self.closed_at: float | None = None
+        self.auto_stopped = False
 
     def attach(self, dispatcher: "Dispatcher | None", op_timing: str = "auto") -> None:
         """The Dispatcher whose variants `collect()` replays, and when: "auto" (on CUDA), "replay"
@@ -74,13 +85,51 @@ class Recorder:
             raise ValueError(f"op_timing must be one of {', '.join(OP_TIMINGS)}, not {op_timing!r}")
         self.dispatcher, self.op_timing = dispatcher, op_timing
 
+    def set_time_limit(self, seconds: float) -> None:
+        """Close by itself (keeping what was committed) the first time it is used after `seconds`."""
+        self.deadline = time.perf_counter() + seconds
+
+    def recording(self) -> bool:
+        """Whether samples are still taken; past the time limit this closes the Recorder."""
+        if self.closed_at is not None:
+            return False
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.close(auto=True)
+            return False
+        return True
+
+    def commit(self) -> None:
+        """Everything recorded so far is complete (a step ended): `close()` keeps it."""
+        with self._lock:
+            if self.closed_at is None:
+                self._committed = ({k: len(v) for k, v in self._regions.items()},
+                                   {k: len(v) for k, v in self._ops.items()})
+
+    def close(self, auto: bool = False) -> bool:
+        """Stop recording, from any thread, keeping the samples up to the last `commit()` (those of a
+        step in flight are dropped). Returns False if it was closed already."""
+        with self._lock:
+            if self.closed_at is not None:
+                return False
+            self.closed_at, self.auto_stopped = time.perf_counter(), auto
+            regions, ops = self._committed
+            # new containers: a call in flight appends to the old list, which nothing reads any more
+            self._regions = defaultdict(list, {k: list(self._regions[k][:n]) for k, n in regions.items() if n})
+            self._ops = defaultdict(list, {k: list(self._ops[k][:n]) for k, n in ops.items() if n})
+            return True
+
     @contextmanager
     def region(self, name: str) -> Iterator[None]:
+        if not self.recording():
+            yield
+            return
         with self._timed(self._regions[name], name):
             yield
 
     def op(self, spec: OpSpec, args: tuple) -> ContextManager:
         """The Dispatcher's observer: times one op call under its (op, dtype, shape)."""
+        if not self.recording():
+            return nullcontext()
         shape = tuple(sorted(spec.shape_of(*args).items()))
         return self._timed(self._ops[(spec.name, dtype_name(args[0].dtype), shape)], spec.name)
 
@@ -106,7 +155,7 @@ class Recorder:
     def _seconds(self, samples: list[Any]) -> list[float]:
         if not self.cuda:
             return samples
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
         return [start.elapsed_time(end) / 1e3 for start, end in samples]
 
     def replays(self) -> bool:
@@ -115,25 +164,34 @@ class Recorder:
             return False
         return self.op_timing == "replay" or self.cuda
 
-    def collect(self) -> dict[str, Any]:
+    def collect(self, replay: bool = True) -> dict[str, Any]:
         """{"device", "region_timing", "op_timing", "regions": {name: {"calls", "seconds"}},
         "ops": [{"op", "dtype", "shape", "calls", "seconds", "timing", "in_run_seconds", "replayed"}],
-        "replay_errors": [str]}. Call it after recording stopped (the replay calls the kernels)."""
+        "replay_errors": [str]}. Call it after recording stopped (the replay calls the kernels).
+        `replay=False` leaves the replay to a later `replay(raw)` (between two engine steps)."""
         timing = in_run_timing(self.device)
-        regions = {name: {"calls": len(s), "seconds": sum(self._seconds(s))} for name, s in self._regions.items()}
+        regions = {name: {"calls": len(s), "seconds": sum(self._seconds(s))} for name, s in dict(self._regions).items()}
         ops = [{"op": op, "dtype": dtype, "shape": dict(shape), "calls": len(s), "seconds": sum(self._seconds(s)),
                 "timing": timing}
-               for (op, dtype, shape), s in self._ops.items()]
-        errors: list[str] = []
-        if self.replays() and ops:
-            try:
-                ops, errors = replay_op_seconds(ops, self.dispatcher, self.device)
-            except Exception as exc:  # the in-run times stand, labelled as such
-                errors = [f"replay failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]]
-        labels = sorted({o["timing"] for o in ops})
-        return {"device": "cuda" if self.cuda else "cpu", "region_timing": timing,
-                "op_timing": "+".join(labels) if labels else None,
-                "regions": regions, "ops": ops, "replay_errors": errors}
+               for (op, dtype, shape), s in dict(self._ops).items()]
+        raw = {"device": "cuda" if self.cuda else "cpu", "region_timing": timing, "op_timing": _label(ops),
+               "regions": regions, "ops": ops, "replay_errors": []}
+        return self.replay(raw) if replay else raw
+
+    def replay(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """`raw` (from `collect(replay=False)`) with replayed op times where `replays()`; runs kernels."""
+        if not self.replays() or not raw["ops"]:
+            return raw
+        try:
+            ops, errors = replay_op_seconds(raw["ops"], self.dispatcher, self.device)
+        except Exception as exc:  # the in-run times stand, labelled as such
+            ops, errors = raw["ops"], [f"replay failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]]
+        return {**raw, "ops": ops, "op_timing": _label(ops), "replay_errors": errors}
+
+
+def _label(ops: list[dict[str, Any]]) -> str | None:
+    labels = sorted({o["timing"] for o in ops})
+    return "+".join(labels) if labels else None
 
 
 def interpolate(x: float, points: list[tuple[float, float]]) -> float:

@@ -171,6 +171,11 @@ class Tokenizer:
         """Token ids of `text`; `add_special_tokens` runs the post-processor (adds BOS)."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_without_gil(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`encode`, releasing the GIL while the Rust side works (`encode` holds it throughout): call
+        it from a worker thread, so a long text stalls neither an event loop nor the engine thread."""
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`, special tokens dropped unless `skip_special_tokens` is False."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

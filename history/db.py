@@ -24,12 +24,23 @@ class HistoryError(KernelloopError):
     """The history database cannot be opened, read or written; the message is one line."""
 
 
+def _data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "kernelloop"
+
+
 def default_history_path() -> Path:
     """$KERNELLOOP_HISTORY, else $XDG_DATA_HOME/kernelloop/history.db (~/.local/share/...)."""
     if env := os.environ.get("KERNELLOOP_HISTORY"):
         return Path(env).expanduser()
-    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(data_home) / "kernelloop" / "history.db"
+    return _data_dir() / "history.db"
+
+
+def default_report_dir() -> Path:
+    """$KERNELLOOP_REPORTS, else $XDG_DATA_HOME/kernelloop/reports: never the working directory,
+    so a report does not land in a checkout."""
+    if env := os.environ.get("KERNELLOOP_REPORTS"):
+        return Path(env).expanduser()
+    return _data_dir() / "reports"
 
 
 def resolve_path(path: str | os.PathLike[str] | None) -> Path:

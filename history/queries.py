@@ -41,35 +41,59 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
 
 
 ATTEMPTS_SQL = """
-SELECT c.id AS candidate_id, c.created_at, c.op, c.proposer, c.model, c.sha256, c.run_id, c.parent_id,
+SELECT * FROM (
+SELECT c.id AS candidate_id, c.created_at, c.op, c.proposer,
+       -- candidates recorded before v3 (or without a label) show the file name the sandbox was given
+       coalesce(c.label, json_extract(v.json, '$.file')) AS label, c.model, c.sha256, c.run_id, c.parent_id,
        c.prompt_hash, c.tokens_prompt, c.tokens_completion,
        v.id AS verdict_id, v.created_at AS verdict_at, v.device, v.correct, v.accepted, v.failure,
        v.reason, v.stage, v.speedup, v.speedup_lo, v.speedup_hi, v.baseline, v.duration_s
 FROM candidates c
 LEFT JOIN verdicts v ON v.id = (SELECT max(id) FROM verdicts WHERE candidate_id = c.id)
 WHERE (:op IS NULL OR c.op = :op)
-  AND (:search IS NULL
-       OR c.id IN (SELECT rowid FROM candidates_fts WHERE candidates_fts MATCH :search)
-       OR c.id IN (SELECT candidate_id FROM verdicts
-                   WHERE id IN (SELECT rowid FROM verdicts_fts WHERE verdicts_fts MATCH :search)))
-ORDER BY c.id DESC
+) a
+WHERE :search IS NULL
+   OR a.candidate_id IN (SELECT rowid FROM candidates_fts WHERE candidates_fts MATCH :search)
+   OR a.candidate_id IN (SELECT candidate_id FROM verdicts
+                         WHERE id IN (SELECT rowid FROM verdicts_fts WHERE verdicts_fts MATCH :search)
+                            OR instr(replace(lower(failure), '-', ' '), :needle) > 0)
+   OR instr(replace(lower(coalesce(a.label, '') || ' ' || kl_outcome(a.verdict_id, a.accepted, a.correct,
+                                                                     a.failure, a.stage)), '-', ' '), :needle) > 0
+ORDER BY a.candidate_id DESC
 LIMIT :limit
 """
+
+
+def _needle(text: str) -> str:
+    """Search text as matched against failure codes, labels and outcome words: lower case,
+    '-' as a space, single spaces (so "timing incomplete" finds "timing-incomplete")."""
+    return " ".join(text.lower().replace("-", " ").split())
+
+
+def attempt_time(attempt: dict[str, Any]) -> str:
+    """When an attempt row was settled: its verdict's time, else (still pending) its proposal's."""
+    return attempt.get("verdict_at") or attempt.get("created_at") or ""
 
 
 PROPOSAL_STAGE = "proposal"  # the verdict stage of an LLM answer that never reached the sandbox
 
 
 def outcome(attempt: dict[str, Any]) -> str:
-    """One word for an attempt row: pending, accepted, correct, not judged (an unusable or repeated
-    answer, stage "proposal") or wrong."""
+    """A word or two for an attempt row: pending, accepted, correct, correct, timing incomplete (cut
+    off while being timed), not judged (an unusable or repeated answer, stage "proposal") or wrong."""
     if attempt.get("verdict_id") is None:
         return "pending"
     if attempt.get("accepted"):
         return "accepted"
     if attempt.get("correct"):
-        return "correct"
+        return "correct, timing incomplete" if attempt.get("failure") == "timing-incomplete" else "correct"
     return "not judged" if attempt.get("stage") == PROPOSAL_STAGE else "wrong"
+
+
+def _sql_outcome(verdict_id: Any, accepted: Any, correct: Any, failure: Any, stage: Any) -> str:
+    """outcome() as an SQL function, so --search matches the words the table shows."""
+    return outcome({"verdict_id": verdict_id, "accepted": accepted, "correct": correct, "failure": failure,
+                    "stage": stage})
 
 
 class Queries:
@@ -89,10 +113,14 @@ class Queries:
             return [_clean(dict(zip(cols, r))) for r in cur.fetchall()]
 
     def attempts(self, op: str | None = None, limit: int = 50, search: str | None = None) -> list[dict[str, Any]]:
-        """Candidates, newest first, each with its latest verdict's fields (None when not judged yet).
-        `search` is full-text over the candidate's source and its verdicts' reasons."""
-        params = {"op": op, "limit": int(limit), "search": None if search is None else fts_query(search)}
-        return self._rows(ATTEMPTS_SQL, params)
+        """Candidates, newest first, each with its latest verdict's fields (None when not judged yet)
+        and its `label`. `search` matches full-text over the candidate's source and its verdicts'
+        reasons, or as a substring of a verdict's failure code, the label or the outcome() words."""
+        params = {"op": op, "limit": int(limit), "search": None if search is None else fts_query(search),
+                  "needle": None if search is None else _needle(search)}
+        with self._lock:
+            self.db.conn.create_function("kl_outcome", 5, _sql_outcome, deterministic=True)
+            return self._rows(ATTEMPTS_SQL, params)
 
     def candidate(self, candidate_id: int) -> dict[str, Any] | None:
         """One candidate with its source and prompt, and all its verdicts (oldest first, parsed JSON)."""
@@ -153,6 +181,7 @@ class Queries:
         return self._rows("SELECT * FROM registry_events WHERE (:op IS NULL OR op = :op) ORDER BY id DESC LIMIT :limit",
                           {"op": op, "limit": int(limit)})
 
-    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        """Agent runs, newest first, with `detail` parsed."""
-        return self._rows("SELECT * FROM agent_runs ORDER BY id DESC LIMIT ?", [int(limit)])
+    def runs(self, limit: int = 50, command: str | None = None) -> list[dict[str, Any]]:
+        """Agent runs (of `command` only, when given), newest first, with `detail` parsed."""
+        return self._rows("SELECT * FROM agent_runs WHERE (:command IS NULL OR command = :command)"
+                          " ORDER BY id DESC LIMIT :limit", {"command": command, "limit": int(limit)})

@@ -66,7 +66,14 @@ def _v2_full_text_search(db: sqlite_utils.Database) -> None:
     db["verdicts"].enable_fts(["reason"], fts_version="FTS5", create_triggers=True)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_tables, _v2_full_text_search]
+def _v3_candidate_label(db: sqlite_utils.Database) -> None:
+    """v3: candidates.label, the proposer's name for a candidate (a template's config, a file's name);
+    NULL on rows recorded before it."""
+    db["candidates"].add_column("label", str)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_tables, _v2_full_text_search,
+                                                            _v3_candidate_label]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -137,10 +137,11 @@ class History(queries.Queries):
     def record_candidate(self, op: str, source: str, proposer: str, *, model: str | None = None,
                          prompt: str | None = None, tokens_prompt: int | None = None,
                          tokens_completion: int | None = None, run_id: int | None = None,
-                         parent_id: int | None = None) -> int:
-        """Store one proposed kernel source; its sha256 (and the prompt's) are computed here. Returns its id."""
+                         parent_id: int | None = None, label: str | None = None) -> int:
+        """Store one proposed kernel source; its sha256 (and the prompt's) are computed here. `label` is
+        the proposer's name for it (template config, file name), shown by `agent history`. Returns its id."""
         row = {
-            "created_at": now_iso(), "run_id": run_id, "op": op, "source": source, "proposer": proposer,
+            "created_at": now_iso(), "run_id": run_id, "op": op, "source": source, "proposer": proposer, "label": label,
             "sha256": hashlib.sha256(source.encode()).hexdigest(), "model": model, "prompt": prompt,
             "prompt_hash": None if prompt is None else hashlib.sha256(prompt.encode()).hexdigest(),
             "tokens_prompt": tokens_prompt, "tokens_completion": tokens_completion, "parent_id": parent_id,

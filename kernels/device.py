@@ -33,6 +33,27 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() and not triton_interpreted() else "cpu"
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def resolve_device(requested: str | None) -> str:
+    """The device a command runs on: `requested`, else `default_device()`. A device that is not here
+    is one line for the user (KernelloopError), not a traceback from deep inside torch."""
+    from kernels.errors import KernelloopError
+
+    if requested is None:
+        return default_device()
+    if requested not in DEVICES:
+        raise KernelloopError(f"unknown device {requested!r}: kernelloop runs on cpu (Triton's interpreter) or cuda")
+    if requested == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise KernelloopError(f"--device cuda: no CUDA device is visible here (torch {torch.__version__}, {build}); "
+                              "use --device cpu")
+    if requested == "cuda" and triton_interpreted():
+        raise KernelloopError("--device cuda: TRITON_INTERPRET is set, so Triton kernels run on the CPU; unset it")
+    return requested
+
+
 def device_fingerprint(device: str | torch.device) -> str:
     """Registry key of a device: `cpu-interpreter`, or the GPU's name and compute capability.
 

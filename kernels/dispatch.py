@@ -105,6 +105,7 @@ class Dispatcher:
         self.registry_error: str | None = None
         # Profiling hook: observer(spec, args) -> context manager around each call; None costs one check.
         self.observer: Callable[[OpSpec, tuple], ContextManager] | None = None
+        self.revision: str | None = None  # registry commit served; None: HEAD at the last (re)load
         self._entries = self._read_entries()
         self._loaded: dict[str, Callable | None] = {}
         self.ops: dict[str, OpDispatch] = {name: OpDispatch(spec, self) for name, spec in ops.items()}
@@ -127,13 +128,18 @@ class Dispatcher:
                 chain.insert(0, Variant(f"registry:{entry.id}", fn))
         return chain
 
-    def reload(self) -> dict[str, dict[str, tuple[str, str]]]:
-        """Re-read the registry and re-resolve every cached shape.
+    def reload(self, revision: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:
+        """Re-read the registry (its HEAD, or the commit `revision`) and re-resolve every cached shape.
 
         Returns {op: {"dtype bucket": (old variant, new variant)}} for what changed. Call it
-        between batches; each op's cache is swapped in one assignment.
+        between batches; each op's cache is swapped in one assignment. A named revision is how the
+        end-to-end gate alternates the registry before and after a commit; an unknown one raises
+        RegistryError and changes nothing.
         """
-        self._entries = self._read_entries()
+        if revision is not None and self.mode == "registry" and self.registry is not None:
+            self._entries, self.revision = self.registry.entries(revision), revision
+        else:
+            self._entries, self.revision = self._read_entries(), None
         self._loaded = {sha: fn for sha, fn in self._loaded.items() if fn is not None}  # retry refusals
         changed = {name: op.re_resolve() for name, op in self.ops.items()}
         return {name: c for name, c in changed.items() if c}
@@ -158,5 +164,5 @@ class Dispatcher:
 
     def _load(self, entry: Entry) -> Callable | None:
         if entry.sha256 not in self._loaded:
-            self._loaded[entry.sha256] = self.registry.load(entry)
+            self._loaded[entry.sha256] = self.registry.load(entry, self.revision)
         return self._loaded[entry.sha256]

@@ -4,7 +4,9 @@
     requests, output_tokens, tokens_per_second, ttft_ms_median, tpot_ms_median, prefix_hit_rate,
     timing_label, op_timing, region_timing, replay_errors, rows: [{name, kind, calls, total_s,
     mean_us, share, timing, in_run_s (op rows), variant, bytes_per_s, roofline_pct, bound,
-    shapes: [{dtype, bucket, shape, calls, seconds}]}]
+    shapes: [{dtype, bucket, shape, calls, seconds}]}],
+    notes (what the driver waited for, extended or cancelled), auto_stopped (the engine ended the
+    recording at its time limit), cancelled_requests (in flight when the window ended)
 
 op_timing / region_timing / each row's timing: where the seconds come from (engine/recorder.py):
 cpu-wall, cuda-events (in-run brackets), cuda-kernel-replay (device time), cpu-wall-replay.
@@ -20,7 +22,8 @@ from profiler.analysis import RatesFor, profile_rows, region_timing
 
 
 def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kernels: str, wall_seconds: float,
-             requests: int, latencies: dict[str, Any], rates: RatesFor | None, partial_reason: str = "") -> dict[str, Any]:
+             requests: int, latencies: dict[str, Any], rates: RatesFor | None, partial_reason: str = "",
+             notes: list[str] | None = None, auto_stopped: bool = False, cancelled_requests: int = 0) -> dict[str, Any]:
     counters = raw.get("counters", {})
     regions = raw.get("regions", {})
     output_tokens = counters.get("generated_tokens", 0)
@@ -40,5 +43,6 @@ def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kerne
         "tokens_per_second": output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
         **latencies,
         "prefix_hit_rate": counters.get("cached_prompt_tokens", 0) / prompt if prompt else None,
+        "notes": list(notes or []), "auto_stopped": auto_stopped, "cancelled_requests": cancelled_requests,
         "rows": profile_rows(raw, rates) if raw else [],
     }

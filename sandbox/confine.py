@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox import seccomp_bpf
+from sandbox.lifetime import die_with_parent, parent_death_signal
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -220,17 +221,18 @@ def confine(policy: Policy) -> dict[str, str]:
     if threads != 1:
         raise ConfinementError(f"confine() must run in a single-threaded process (right after fork): {threads} threads")
     parent = os.getppid()
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != parent:  # the parent died before pdeathsig was armed
-        os._exit(1)
+    die_with_parent(parent)
     harden_current_process()
     _prctl(PR_SET_NO_NEW_PRIVS, 1, "prctl(PR_SET_NO_NEW_PRIVS)")
     facts = {"namespaces": _enter_namespaces(policy.network)}
     facts["landlock"] = _landlock(Policy(scratch, policy.allow_exec, policy.network))
     _drop_capabilities()
     facts["capabilities"] = "none (root only inside its own user namespace)" if os.getuid() == 0 else "none"
+    if parent_death_signal() != signal.SIGKILL:  # a credential change clears it: arm it again, before seccomp
+        die_with_parent(parent)
     facts["seccomp"] = _seccomp(policy, machine)
-    facts["parent_death"] = "SIGKILL"
+    armed = parent_death_signal()
+    facts["parent_death"] = signal.Signals(armed).name if armed else "none"
     facts["dumpable"] = str(_prctl(PR_GET_DUMPABLE))
     facts["no_new_privs"] = str(_prctl(PR_GET_NO_NEW_PRIVS))
     return facts

@@ -11,7 +11,9 @@ The server never initialises CUDA: a child that forked from a process with CUDA 
 the GPU. `torch.cuda.is_available` and friends raise inside the server (and work again in each
 child), so any code path that would touch CUDA before the fork fails loudly, on CPU machines too.
 It is started with an allowlisted environment (the judge's secrets are never in a candidate's
-memory or /proc/self/environ) and dies with the judge (PR_SET_PDEATHSIG).
+memory or /proc/self/environ), in a session of its own, ignoring SIGINT (Ctrl-C is the judge's to
+handle), and dies with the judge, as each child dies with it (sandbox/lifetime.py: PR_SET_PDEATHSIG,
+armed first thing in each process, with its parent checked after arming).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from sandbox.guards import ENV_KEEP
+from sandbox.lifetime import die_with_parent, ignore_interrupts, spawn_python
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _LEN = struct.Struct("!I")
@@ -79,8 +81,8 @@ class ForkServer:
     def _ensure(self) -> socket.socket:
         if self._proc is None or self._proc.poll() is not None:
             ours, theirs = socket.socketpair()
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", f"from sandbox.forkserver import serve; serve({theirs.fileno()})"],
+            self._proc = spawn_python(
+                f"from sandbox.forkserver import serve; serve({theirs.fileno()}, {os.getpid()})",
                 env=clean_env(self.device), pass_fds=[theirs.fileno()], cwd="/", stdin=subprocess.DEVNULL)
             theirs.close()
             self._sock = ours
@@ -129,8 +131,8 @@ class ForkServer:
 
 def start_fresh(job: dict[str, Any], chan_fd: int, log_fd: int) -> tuple[int, Any]:
     """The same child in a fresh interpreter (no fork server): the slow path and the benchmark's reference."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", f"from sandbox.worker import run_fresh; run_fresh({chan_fd}, {log_fd})"],
+    proc = spawn_python(
+        f"from sandbox.worker import run_fresh; run_fresh({chan_fd}, {log_fd}, {os.getpid()})",
         env=clean_env(job["device"]), pass_fds=[chan_fd, log_fd], stdin=subprocess.PIPE, cwd="/")
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
@@ -162,7 +164,9 @@ def _forbid_cuda() -> dict[str, Any]:
     return saved
 
 
-def serve(fd: int) -> None:
+def serve(fd: int, judge: int) -> None:
+    die_with_parent(judge)
+    ignore_interrupts()  # inherited by every child
     import torch
 
     from sandbox.confine import harden_current_process
@@ -184,8 +188,10 @@ def serve(fd: int) -> None:
             except ChildProcessError:
                 _send_msg(sock, {"id": request["id"], "status": None})
             continue
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:  # the sandboxed process
+            die_with_parent(server)
             sock.close()
             for name, fn in saved.items():
                 setattr(torch.cuda, name, fn)

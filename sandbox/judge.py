@@ -8,7 +8,6 @@ first failure decides the verdict.
 
 from __future__ import annotations
 
-import random
 from statistics import median as _median
 from typing import Any
 
@@ -17,9 +16,8 @@ import torch
 from kernels.compare import Comparison, check_outputs
 from kernels.spec import OpSpec
 from kernels.roofline import Rates
+from kernels.stats import median_interval
 from sandbox.verdict import Check, Verdict
-
-BOOTSTRAP_RESAMPLES = 2000
 
 
 def label(shape: dict, dtype: str, variant: dict | None = None) -> str:
@@ -112,13 +110,6 @@ def judge_replay(v: Verdict, where: str, candidate: list[torch.Tensor], replays:
                "returned: part of the result was made outside its kernels")
 
 
-def speedup_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """Median of per-round ratios and its 95% bootstrap interval (rounds resampled)."""
-    rng = random.Random(seed)
-    medians = sorted(_median([rng.choice(ratios) for _ in ratios]) for _ in range(BOOTSTRAP_RESAMPLES))
-    return _median(ratios), medians[int(0.025 * len(medians))], medians[int(0.975 * len(medians)) - 1]
-
-
 ROOFLINE_SLACK = 1.25  # measured rates are not quite the peaks; allow a call this much below the roofline
 
 
@@ -129,7 +120,7 @@ def judge_timing(v: Verdict, spec: OpSpec, shape: dict, dtype: torch.dtype, roun
     base = [_median(r["baseline"]) for r in rounds]
     cand = [_median(r["candidate"]) for r in rounds]
     ratios = [b / max(c, 1e-12) for b, c in zip(base, cand)]
-    speedup, lo, hi = speedup_interval(ratios)
+    speedup, lo, hi = median_interval(ratios)
     v.speedup, v.speedup_interval = round(speedup, 4), [round(lo, 4), round(hi, 4)]
     cand_s = _median(cand)
     cost = spec.cost(shape, dtype)

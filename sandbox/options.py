@@ -19,7 +19,8 @@ class CheckOptions:
     timing:       False skips the A/B timing (correctness only; `accepted` is then False).
     min_gain:     accept only when the speedup interval's lower bound exceeds 1 + min_gain.
     rounds:       interleaved A/B timing rounds; None: 7 on CPU, 15 on CUDA.
-    timeout_s:    wall-clock limit of one candidate's whole run.
+    timeout_s:    wall-clock limit of one candidate's whole run; None: the device's default
+                  (sandbox/budget.py: 180 s on CPU, 120 s on CUDA), shared between correctness and timing.
     memory_mb:    memory a candidate may use beyond the pre-warmed process it starts from.
     seed:         master seed for input seeds; None: secret (drawn from os.urandom per batch).
     static_check: False skips the static pre-check (tests use it to prove the runtime guards).
@@ -40,7 +41,7 @@ class CheckOptions:
     timing: bool = True
     min_gain: float = 0.03
     rounds: int | None = None
-    timeout_s: float = 180.0
+    timeout_s: float | None = None
     memory_mb: int = 4096
     seed: int | None = None
     static_check: bool = True

@@ -9,13 +9,14 @@ The first two cases come back at the end with new inputs: a result cached by sha
 
 from __future__ import annotations
 
+import inspect
 import random
 import secrets
 from typing import Any
 
 import torch
 
-from kernels.spec import CUDA_ENGINE_SHAPES, Cost, OpSpec, Shape, dtype_name, parse_dtype, pick_shapes
+from kernels.spec import CUDA_ENGINE_SHAPES, TOKEN_BUCKETS, Cost, OpSpec, Shape, dtype_name, parse_dtype, pick_shapes
 from sandbox.options import CheckOptions
 
 # On CUDA too, every trial's and every timed call's inputs and reference are computed on the judge's
@@ -23,8 +24,25 @@ from sandbox.options import CheckOptions
 # minutes there per call (linear at 8192 x 128256 x 8192: 17 TFLOPs; an lm_head weight of 10^9
 # values), so the default CUDA picks stay within it. The memory-bound ops' largest engine shapes
 # (silu_mul at 8192 x 28672: 2.8 GB) are within it: their picks are unchanged. Shapes a caller asks
-# for (`CheckOptions.shapes`, `timing_shape`) are not capped.
+# for (`CheckOptions.shapes`, `timing_shape`) are not capped on CUDA.
 CUDA_TRIAL_LIMIT = Cost(bytes=3_000_000_000, flops=100_000_000_000)
+
+# The CPU interpreter runs a program instance in about a millisecond (rope: 10-20 ms a token), and an
+# engine profile's shapes have hundreds of rows: rope at 780 tokens is 9-13 s a call, and a trial is a
+# call, its replay and a repeat. So on CPU a caller's shape is checked with each batch-like size at the
+# low end of its registry bucket (the same bucket: the same entry, the same code path), at most
+# CPU_SIZE_CAP; the model's sizes (hidden, heads, head_dim, ...) stay exact. Timing is 8 rounds of 4
+# calls (candidate and baseline, each called and replayed), so a caller's timing shape is cut further,
+# to CPU_TIMING_CAP rows: interpreter times describe the interpreter anyway, never a GPU.
+CPU_SIZE_CAP = 129  # the low end of the 129-1024 bucket
+CPU_TIMING_CAP = 16  # the high end of the 2-16 bucket
+
+
+def trial_inputs(spec: OpSpec, shape: dict, dtype: str, seed: int, variant: dict) -> tuple:
+    """A trial's (or a timed call's) inputs, made on the judge's CPU."""
+    if variant and "variant" in inspect.signature(spec.make_inputs).parameters:
+        return spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu", variant)
+    return spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu")
 
 
 def master_seed(options: CheckOptions) -> int:
@@ -45,6 +63,22 @@ def cuda_engine_shapes(spec: OpSpec, n: int) -> list[dict[str, int]]:
     return [dict(s) for s in picked]
 
 
+def bucket_floor(n: int) -> int:
+    """The smallest size in n's registry size bucket (kernels.spec.size_bucket); n itself below 1."""
+    lo = 1
+    for hi in TOKEN_BUCKETS:
+        if n <= hi:
+            break
+        lo = hi + 1
+    return min(n, lo)
+
+
+def interpreter_shape(spec: OpSpec, shape: Shape, cap: int = CPU_SIZE_CAP) -> dict[str, int]:
+    """A caller's shape as the CPU plan uses it: batch-like sizes (`spec.bucketed`) at the low end of
+    their bucket, at most `cap`; model dimensions (hidden, heads, ...) exact."""
+    return {k: min(bucket_floor(v), cap) if k in spec.bucketed else v for k, v in shape.items()}
+
+
 def check_cases(spec: OpSpec, options: CheckOptions) -> list[tuple[dict[str, int], dict[str, Any]]]:
     """(shape, variant) pairs, without repeats. On CUDA the battery's engine shapes are
     `cuda_engine_shapes` (nothing over CUDA_TRIAL_LIMIT)."""
@@ -53,7 +87,10 @@ def check_cases(spec: OpSpec, options: CheckOptions) -> list[tuple[dict[str, int
         battery_picks = pick_shapes(spec.engine_shapes, CUDA_ENGINE_SHAPES)
         picks = cuda_engine_shapes(spec, CUDA_ENGINE_SHAPES)
         cases = [c for c in cases if c[1] or c[0] not in battery_picks or c[0] in picks] + [(s, {}) for s in picks]
-    cases += [(dict(s), {}) for s in options.shapes]
+    if options.device == "cpu":
+        cases += [(interpreter_shape(spec, s), {}) for s in options.shapes]
+    else:
+        cases += [(dict(s), {}) for s in options.shapes]
     seen, out = set(), []
     for shape, variant in cases:
         key = (tuple(sorted(shape.items())), tuple(sorted(variant.items())))
@@ -73,9 +110,11 @@ def check_dtypes(spec: OpSpec, options: CheckOptions) -> list[str]:
 
 
 def timing_shape(spec: OpSpec, options: CheckOptions) -> dict[str, int]:
-    """CPU: the costliest test shape (the interpreter is slow). CUDA: a mid-size engine shape, the
-    middle of three `cuda_engine_shapes`."""
+    """CPU: the costliest test shape (the interpreter is slow), or the caller's as `interpreter_shape`.
+    CUDA: the caller's, else a mid-size engine shape, the middle of three `cuda_engine_shapes`."""
     if options.timing_shape:
+        if options.device == "cpu":
+            return interpreter_shape(spec, options.timing_shape, CPU_TIMING_CAP)
         return dict(options.timing_shape)
     if options.device == "cuda":
         return cuda_engine_shapes(spec, 3)[1]
@@ -125,6 +164,8 @@ def make_plan(spec: OpSpec, options: CheckOptions, seed: int) -> dict[str, Any]:
         calls = 10 if options.device == "cuda" else 3
         timing = {"shape": timing_shape(spec, options), "dtype": timing_dtype(spec, options),
                   "rounds": [[rng.randrange(1 << 62) for _ in range(calls)] for _ in range(rounds)]}
+        if options.timing_shape and timing["shape"] != dict(options.timing_shape):
+            timing["asked_shape"] = dict(options.timing_shape)  # cut to the interpreter's scale
     return {"trials": trials, "timing": timing}
 
 

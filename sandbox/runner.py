@@ -6,8 +6,9 @@ Per candidate, from a pre-warmed fork server (sandbox/forkserver.py), all confin
   replayer  rebuilds only the candidate's `@triton.jit` kernels from the judge's copy of the source
             and redoes each record on the same inputs: its output must equal the runner's, bit for
             bit (else the result was made outside the kernels, or they are nondeterministic);
-and for timing, a runner and a replayer for the baseline (the registry's current choice, else the
-op's baseline kernel), in which no candidate ever ran.
+and for timing (sandbox/ab_timing.py), a runner and a replayer for the baseline (the registry's
+current choice, else the op's baseline kernel), in which no candidate ever ran. Correctness and
+timing each have their share of the candidate's budget (sandbox/budget.py).
 
 The judge (this process) owns the plan and its seeds, generates every input, computes every
 expected output, holds the clock on CPU (it times the replayer's "go" from outside; on CUDA the
@@ -18,7 +19,6 @@ the replay compared with the candidate.
 
 from __future__ import annotations
 
-import inspect
 import shutil
 import tempfile
 import time
@@ -33,32 +33,25 @@ from kernels.device import device_fingerprint
 from kernels.errors import KernelloopError
 from kernels.ops import get_op
 from kernels.registry.entry import sha256_text
-from kernels.registry.store import Registry
-from kernels.spec import OpSpec, parse_dtype
+from kernels.spec import OpSpec
 from sandbox import judge as judging
 from sandbox import wire
+from sandbox.ab_timing import ABTiming
+from sandbox.budget import Budget, timeout_s
 from sandbox.children import Child, MemoryExceeded, Refused
 from sandbox.compile_check import CompileCheck, compile_setup
 from sandbox.executables import cuda_executables
 from sandbox.forkserver import ForkServer
 from sandbox.options import CheckOptions
-from sandbox.plan import harness_memory_mb, make_plan, master_seed
-from kernels.roofline import device_rates
+from sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
 from sandbox.static_check import static_check
 from sandbox.verdict import Verdict
 
 Progress = Callable[[str], None]
-CPU_ROUND_BUDGET_S = 0.1  # CPU: a timing round stops adding calls once each side has this much replay time
 
 
 class SandboxUnavailable(KernelloopError):
     """The operating system's confinement cannot be set up here (and --unconfined was not given)."""
-
-
-def _make_inputs(spec: OpSpec, shape: dict, dtype: str, seed: int, variant: dict) -> tuple:
-    if variant and "variant" in inspect.signature(spec.make_inputs).parameters:
-        return spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu", variant)
-    return spec.make_inputs(shape, parse_dtype(dtype), seed, "cpu")
 
 
 @dataclass
@@ -74,7 +67,7 @@ class _Trial:
     comparison: Comparison | None
 
 
-class Sandbox:
+class Sandbox(ABTiming):
     """Judges candidates for one device with one set of options; reuse it for a batch. With
     `options.compile_for`, every correct candidate must also compile for those GPU targets
     (sandbox/compile_check.py)."""
@@ -128,12 +121,13 @@ class Sandbox:
         plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
         self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
         work = Path(tempfile.mkdtemp(prefix="kernelloop-sandbox-"))
-        self._deadline, self._phase, self._children = start + self.options.timeout_s, "starting", []
+        self._budget = Budget(start, timeout_s(self.options), timed=bool(plan["timing"]))
+        self._deadline, self._phase, self._children = self._budget.correctness_deadline, "starting", []
         self._start_s = 0.0
         try:
             self._judge(spec, source, filename, plan, v, work)
         except wire.ChannelTimeout:
-            v.fail("timeout", f"no verdict within {self.options.timeout_s:g} s (during {self._phase})")
+            v.fail("timeout", f"{self._budget.correctness_cut()} (during {self._phase})")
         except MemoryExceeded:
             v.fail("memory", f"memory limit of {self.options.memory_mb} MiB (+{self._memory_mb - self.options.memory_mb} "
                    f"MiB for the harness) exceeded (during {self._phase})")
@@ -169,7 +163,7 @@ class Sandbox:
         t0, compiling = time.monotonic(), role == "compile"  # compile processes run compiled Triton ("cuda")
         job = {"role": role, "op": spec.name, "device": "cuda" if compiling else self.options.device, "source": source,
                "filename": filename, "constants": constants or {}, "memory_mb": self._memory_mb,
-               "cpu_seconds": int(self.options.timeout_s * 2) + 5, "confine": not self.options.unconfined,
+               "cpu_seconds": int(self._budget.total_s * 2) + 5, "confine": not self.options.unconfined,
                "allow_exec": list(self._compile_exec if compiling else self.executables)}
         child = Child(self._compiler if compiling else self.server, job, scratch, self._memory_mb, self._deadline)
         self._children.append(child)
@@ -260,7 +254,7 @@ class Sandbox:
             where = judging.label(trial["shape"], trial["dtype"], trial["variant"])
             self._phase = f"trial {i + 1}/{len(trials)} ({where})"
             self.progress(self._phase)
-            args = _make_inputs(spec, trial["shape"], trial["dtype"], trial["seed"], trial["variant"])
+            args = trial_inputs(spec, trial["shape"], trial["dtype"], trial["seed"], trial["variant"])
             runner.send_call(args)
             expected = spec.reference(*args)
             if pending is not None and self._replay_outcome(v, replayer, pending) is None:
@@ -281,68 +275,10 @@ class Sandbox:
             return
         if plan["timing"]:
             v.stage = "timing"
-            self._time(spec, source, filename, plan["timing"], v, work, runner, replayer)
+            self._time(spec, plan["timing"], v, work, runner, replayer)
+            if v.failure == "timing-incomplete":
+                return  # stopped while timing
         v.stage = "done"
-
-    def _baseline(self, spec: OpSpec, timing: dict, v: Verdict) -> tuple[str | None, str]:
-        """(source or None for the op's own kernel, label): the registry's current choice, else the op's."""
-        registry = Registry(self.options.registry)
-        if registry.exists():
-            entry = registry.select(spec.name, self.fingerprint, timing["dtype"], spec.bucket(timing["shape"]))
-            if entry is not None:
-                source = registry.source(entry)
-                if sha256_text(source) == entry.sha256:
-                    v.baseline = f"registry {entry.id}"
-                    return source, entry.id
-        v.baseline = "the op's baseline kernel"
-        return None, "baseline"
-
-    def _time(self, spec: OpSpec, source: str, filename: str, timing: dict, v: Verdict, work: Path,
-              runner: Child, replayer: Child) -> None:
-        base_source, base_label = self._baseline(spec, timing, v)
-        self._phase = "starting the baseline"
-        base_runner, load = self._spawn("run", spec, base_source, f"{base_label}.py", work / "base-runner")
-        base_replayer, rload = self._spawn("replay", spec, base_source, base_label, work / "base-replayer",
-                                           load.get("constants"))
-        if base_source is not None and not (load.get("ok") and rload.get("ok") and not load.get("violations")):
-            # A registry entry that no longer loads cannot be the baseline: time against the op's own kernel.
-            problem = str(load.get("violations") or load.get("error") or rload.get("error"))[:200]
-            v.baseline = f"the op's baseline kernel (registry {base_label} did not load: {problem})"
-            base_runner, load = self._spawn("run", spec, None, "baseline.py", work / "base-runner-2")
-            base_replayer, rload = self._spawn("replay", spec, None, "baseline", work / "base-replayer-2")
-        if not (load.get("ok") and rload.get("ok")):
-            raise Refused("crash", f"the timing baseline ({base_label}) did not load: "
-                           f"{str(load.get('error') or rload.get('error'))[:200]}")
-        sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
-        shape, dtype = timing["shape"], timing["dtype"]
-        rounds = []
-        for r, seeds in enumerate([[0]] + timing["rounds"]):  # round 0 warms both replayers, untimed
-            self._phase = f"timing round {r}/{len(timing['rounds'])}"
-            if r:
-                self.progress(self._phase)
-            order = ["baseline", "candidate"] if r % 2 else ["candidate", "baseline"]
-            samples: dict[str, list[float]] = {"baseline": [], "candidate": []}
-            for seed in seeds:
-                args = _make_inputs(spec, shape, dtype, seed, {})
-                expected = spec.reference(*args)
-                where = f"timing round {r} ({judging.label(shape, dtype)})"
-                for side in order:
-                    target = v if side == "candidate" else Verdict(op=spec.name, device="", file="", sha256="")
-                    seconds = self._checked_call(target, spec, *sides[side], where, args, expected, shape)
-                    if side == "baseline" and target.failure:
-                        raise Refused("crash", f"the timing baseline ({base_label}) failed: {target.reason}")
-                    if seconds is None:
-                        return
-                    samples[side].append(seconds)
-                if self.options.device == "cpu" and min(sum(x) for x in samples.values()) > CPU_ROUND_BUDGET_S:
-                    break  # interpreted calls are slow and noisy alike: fewer of them per round, same rounds
-            if r:
-                rounds.append(samples)
-        v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
-        mode = "replay, cuda events after an L2 flush" if self.options.device == "cuda" else \
-            "replay, judge's wall clock (cpu-interpreter)"
-        rates = device_rates(self.options.device, parse_dtype(dtype))  # measured once per device, then cached
-        judging.judge_timing(v, spec, shape, parse_dtype(dtype), rounds, self.options.min_gain, rates, mode)
 
 
 def judge_files(op: str, paths: list[Path], options: CheckOptions, progress: Progress | None = None) -> list[Verdict]:

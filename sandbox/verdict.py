@@ -28,9 +28,12 @@ FAILURES = (
     "untraceable",        # its launches could not be recorded or replayed (memory from nowhere, kernels not at top level)
     "launch-independent",  # replaying its recorded Triton launches does not give the output it returned
     "compile-target",     # --compile-for: a kernel does not compile for a GPU target, spills, or exceeds its shared memory
+    "timing-incomplete",  # correct, but the timing rounds did not all finish within the budget (a busy machine, a slow kernel)
     "not-faster",         # correct, but the speedup's lower bound missed the required gain
     "impossible-speedup",  # correct, but faster than the op's roofline allows: the timing is not real
 )
+
+CORRECT_FAILURES = ("timing-incomplete", "not-faster", "impossible-speedup")  # these keep `correct: true`
 
 
 @dataclass
@@ -69,7 +72,7 @@ class Verdict:
         if self.failure is None:  # the first failure is the verdict's
             self.failure, self.reason = failure, reason.splitlines()[0] if reason else failure
             self.accepted = False
-            if failure not in ("not-faster", "impossible-speedup"):
+            if failure not in CORRECT_FAILURES:
                 self.correct = False
         return self
 

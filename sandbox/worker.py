@@ -34,6 +34,7 @@ from kernels.spec import parse_dtype
 from kernels.timing import l2_flusher
 from sandbox import capture, guards, trace, wire
 from sandbox.compile_child import serve_compiles
+from sandbox.lifetime import die_with_parent, ignore_interrupts
 from sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
 
 
@@ -61,6 +62,7 @@ def load_module(source: str, filename: str) -> tuple[Callable[..., Any], dict[st
     module = types.ModuleType("kernelloop_candidate")
     module.__file__ = label
     module.__dict__["__builtins__"] = guards.candidate_builtins()
+    sys.modules[module.__name__] = module  # what @dataclass and typing look the module up by
     exec(compile(source, label, "exec"), module.__dict__)
     forward = module.__dict__.get("forward")
     if not callable(forward):
@@ -275,14 +277,20 @@ def child_main(chan_fd: int, log_fd: int, job: dict[str, Any]) -> None:
             os._exit(0)
 
 
-def run_fresh(chan_fd: int, log_fd: int) -> None:
+def run_fresh(chan_fd: int, log_fd: int, judge: int) -> None:
     """Fresh-interpreter mode (no fork server): the job arrives on stdin. Confinement needs a
     single-threaded process and torch has started threads by now, so this process leads a new
-    session and forks the sandboxed process into it, then waits (its death kills the child)."""
+    session and forks the sandboxed process into it, then waits (its death kills the child, as the
+    judge's kills it)."""
+    die_with_parent(judge)
+    ignore_interrupts()
     job = json.loads(sys.stdin.read())
-    os.setsid()
+    if os.getsid(0) != os.getpid():
+        os.setsid()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        die_with_parent(parent)
         child_main(chan_fd, log_fd, {**job, "own_session": False})
     os.close(chan_fd)
     os.close(log_fd)

@@ -47,16 +47,16 @@ def model_dir(tmp_path_factory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("tune") / "ckpt", "gqa")
 
 
-# Six generated tokens measured once: tokens/s moves by tens of percent on a shared machine (issue #14:
-# a gate measured like the sandbox measures kernels). These tests are about the loop, not tokens/s.
-NOISY_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, repeats=1, tps_tolerance=0.5)
+# The default tolerance: the gate alternates before/after and fails only on an interval that says
+# slower, so these tests hold on a busy machine (CI runs them once more under a CPU hog).
+SMALL_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3)
 
 
 def tune(tmp_path: Path, model_dir: Path, proposers: dict, gate: GateConfig | None = None,
          settings: TuneSettings = SETTINGS) -> tuple[dict, History, Registry]:
     history, registry = History(tmp_path / "history.db"), Registry(tmp_path / "registry")
     ctx = LoopContext(history=history, registry=registry, proposers=proposers, model=str(model_dir),
-                      gate=gate or NOISY_GATE)
+                      gate=gate or SMALL_GATE)
     try:
         state = run_tune(settings, ctx)
     finally:
@@ -89,7 +89,7 @@ def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: 
 
 
 def test_a_failed_gate_rolls_the_commit_back(tmp_path: Path, model_dir: Path) -> None:
-    impossible = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, repeats=1, tps_tolerance=-100.0)  # 101x or bust
+    impossible = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, tps_tolerance=-100.0)  # 101x or bust
     state, history, registry = tune(tmp_path, model_dir, {"scripted": Scripted([FAST])}, gate=impossible)
     assert state["status"] == "gate-failed" and "tokens/s" in state["reason"]
     assert registry.entries() == []  # rolled back by a revert commit
@@ -134,8 +134,37 @@ def _count(db: Path, sql: str) -> int:
         conn.close()
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (read from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
 def _run_until(folder: Path, model_dir: Path, done: callable, timeout_s: float = 240) -> str:  # noqa: ANN001
-    """Start a tune process; SIGKILL it as soon as `done()` holds. Returns 'killed' or its output."""
+    """Start a tune process; SIGKILL it as soon as `done()` holds, and check that nothing it started
+    outlives it by 2 s. Returns 'killed' or its output."""
     import subprocess
     import sys
     import time
@@ -145,8 +174,11 @@ def _run_until(folder: Path, model_dir: Path, done: callable, timeout_s: float =
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
         if done():
+            below = _descendants(proc.pid)
             proc.kill()
             proc.wait()
+            time.sleep(2)
+            assert not _alive(below), f"processes outlived the killed tune by 2 s: {sorted(_alive(below))}"
             return "killed"
         time.sleep(0.05)
     if proc.poll() is None:
@@ -155,21 +187,27 @@ def _run_until(folder: Path, model_dir: Path, done: callable, timeout_s: float =
 
 
 def test_a_hard_kill_resumes_without_duplicates(tmp_path: Path, model_dir: Path) -> None:
+    """Killed while profiling, mid-check, right after the commit and during the gate (issue #14: a kill
+    there recorded the reload three times and the gate twice): one record per event, one result."""
     db = tmp_path / "history.db"
-    verdicts = "SELECT count(*) FROM verdicts"
-    first = _run_until(tmp_path, model_dir, lambda: _count(db, verdicts) >= 1)
-    second = _run_until(tmp_path, model_dir, lambda: _count(db, "SELECT count(*) FROM registry_events WHERE kind = 'add'") >= 1)
+    events = "SELECT count(*) FROM registry_events WHERE kind = '{}'"
+    kills = [_run_until(tmp_path, model_dir, lambda: _count(db, "SELECT count(*) FROM agent_runs") >= 1),
+             _run_until(tmp_path, model_dir, lambda: _count(db, "SELECT count(*) FROM verdicts") >= 1),
+             _run_until(tmp_path, model_dir, lambda: _count(db, events.format("add")) >= 1),
+             _run_until(tmp_path, model_dir, lambda: _count(db, events.format("reload")) >= 1)]
     final = _run_until(tmp_path, model_dir, lambda: False)
-    assert (first, second) == ("killed", "killed"), (first, second)  # killed mid-check, then right after the commit
+    assert kills == ["killed"] * 4, kills
     assert "FINAL winner" in final and "resuming tune run" in final, final
     assert _count(db, "SELECT count(*) FROM agent_runs") == 1  # one run, resumed, not restarted
+    assert _count(db, "SELECT count(*) FROM profiles") == 1
     assert _count(db, "SELECT count(*) FROM candidates") == 3
     assert _count(db, "SELECT max(n) FROM (SELECT count(*) AS n FROM verdicts GROUP BY candidate_id)") == 1
     assert _count(db, "SELECT count(*) FROM verdicts") == 3
     registry = Registry(tmp_path / "registry")
     commits = [c.message.split()[0] for c in registry.history()]
     assert commits.count("Add") == 1 and "Revert" not in commits  # committed exactly once
-    assert _count(db, "SELECT count(*) FROM registry_events WHERE kind = 'add'") == 1
+    for kind in ("add", "reload", "gate"):
+        assert _count(db, events.format(kind)) == 1, kind
 
 
 def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> None:
@@ -178,8 +216,7 @@ def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> No
 
     result = subprocess.run(
         [sys.executable, "-m", "agent.cli", "tune", "rmsnorm", "--model", str(model_dir), "--rounds", "1",
-         "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json",
-         "--gate-tps-tolerance", "0.5"],
+         "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json"],
         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads(result.stdout)
@@ -205,7 +242,7 @@ def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
         assert bad.status_code == 400 and "prompts" in bad.text
         result = subprocess.run(
             [sys.executable, "-m", "agent.cli", "tune", "rmsnorm", "--engine", base, "--rounds", "1",
-             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json", "--gate-tps-tolerance", "0.5"],
+             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json"],
             cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         state = json.loads(result.stdout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from agent.cli import main
 from kernels import OPS
 
+from tests.registry_support import commit_by_hand
 from tests.test_registry import RMSNORM_SOURCE, add
 
 
@@ -55,6 +57,10 @@ def test_ops_check_json(capsys):
     (("registry", "show", "rmsnorm-nope"), "no entry"),
     (("registry", "rollback", "deadbeef"), "neither an entry id nor a commit"),
     (("registry", "list", "--op", "matmul"), "unknown op"),
+    (("tune", "rmsnorm", "--device", "cuda"), "--device cuda: no CUDA device is visible here"),
+    (("tune", "rmsnorm", "--timeout", "0"), "--timeout must be positive"),
+    (("daemon", "--timeout", "-1", "--metrics-port", "-1"), "--timeout must be positive"),
+    (("verify", "--device", "cuda"), "no CUDA device"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.setenv("KERNELLOOP_REGISTRY", str(tmp_path / "reg"))
@@ -71,6 +77,7 @@ def test_missing_registry_path_is_one_line(capsys, tmp_path):
 def test_unreadable_registry_is_one_line(capsys, registry):
     add(registry)
     registry.manifest_path.write_text("{")
+    commit_by_hand(registry)
     code, _, err = run(capsys, "registry", "list", "--registry", str(registry.path))
     assert code == 2 and "corrupt" in err and err.count("\n") == 1
 
@@ -87,6 +94,22 @@ def test_registry_list_show_log_rollback(capsys, registry):
     code, out, _ = run(capsys, "registry", "log", *reg)
     assert code == 0 and "Revert" in out
     assert registry.entries() == []
+    code, _, err = run(capsys, "registry", "rollback", entry.id, *reg)  # twice: says so, not "unknown"
+    assert code == 2 and f"entry {entry.id} is not in the registry any more: already rolled back" in err
+
+
+def test_registry_show_flags_an_altered_source_and_uncommitted_edits(capsys, registry):
+    entry = add(registry)
+    reg = ("--registry", str(registry.path))
+    (registry.path / entry.source_path).write_text(RMSNORM_SOURCE + "# edited\n")
+    code, out, err = run(capsys, "registry", "show", entry.id, *reg)
+    assert code == 0 and "# edited" not in out  # the committed source, not the working file
+    assert err.startswith(f"warning: {registry.path} has uncommitted changes ({entry.source_path})")
+    commit_by_hand(registry)
+    code, out, err = run(capsys, "registry", "show", entry.id, *reg)
+    assert code == 1 and "# edited" in out and "was altered, and the engine refuses to load it" in err
+    code, out, _ = run(capsys, "registry", "show", entry.id, *reg, "--json")
+    assert code == 1 and json.loads(out)["intact"] is False
 
 
 def test_installed_console_script(tmp_path):
@@ -96,3 +119,25 @@ def test_installed_console_script(tmp_path):
     assert proc.returncode == 0, proc.stderr
     proc = subprocess.run([agent, "ops", "nope"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == "agent ops: unknown op 'nope'; known ops: " + ", ".join(OPS)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_ops_template_is_a_legal_candidate(capsys, op):
+    """Issue #14: a copy of a baseline module was refused (`import of 'kernels.models'`); --template
+    prints a self-contained starting point."""
+    from sandbox.static_check import static_check
+
+    code, out, _ = run(capsys, "ops", "--template", op)
+    assert code == 0 and f"agent check {op} THIS_FILE" in out
+    assert not re.search(r"^\s*(from|import) kernels", out, re.M)
+    result = static_check(out, OPS[op].arg_names)
+    assert result.ok, result.reason
+
+
+def test_ops_template_is_judged_correct(capsys, tmp_path):
+    code, out, _ = run(capsys, "ops", "--template", "rmsnorm")
+    (tmp_path / "mine.py").write_text(out)
+    code, out, _ = run(capsys, "check", "rmsnorm", str(tmp_path / "mine.py"), "--no-timing", "--json",
+                       "--dtypes", "float32")
+    verdict = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and verdict["correct"], verdict["reason"]

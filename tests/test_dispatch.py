@@ -11,6 +11,9 @@ from kernels import OPS, get_op
 from kernels.dispatch import Dispatcher
 from kernels.registry import ANY_BUCKET, Provenance
 
+from kernels.errors import RegistryError
+
+from tests.registry_support import commit_by_hand
 from tests.test_registry import RMSNORM_SOURCE, add
 
 SPEC = get_op("rmsnorm")
@@ -76,6 +79,7 @@ def test_a_kernel_that_raises_falls_back_to_the_baseline(registry):
 def test_a_tampered_entry_is_not_loaded(registry):
     entry = add(registry)
     (registry.path / entry.source_path).write_text(RAISING_SOURCE)
+    commit_by_hand(registry)
     kd = Dispatcher("registry", registry=registry)
     kd.rmsnorm(*inputs())
     assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": "baseline"}
@@ -85,15 +89,19 @@ def test_a_repaired_entry_is_picked_up_on_reload(registry):
     entry = add(registry)
     source = registry.path / entry.source_path
     source.write_text(RAISING_SOURCE)
+    commit_by_hand(registry, "break it")
     kd = Dispatcher("registry", registry=registry)
     kd.rmsnorm(*inputs())
     source.write_text(RMSNORM_SOURCE)
+    assert kd.reload() == {}  # not committed yet: not served
+    commit_by_hand(registry, "repair it")
     assert kd.reload() == {"rmsnorm": {"float32 hidden=33,tokens=2-16": ("baseline", f"registry:{entry.id}")}}
 
 
 def test_a_corrupt_registry_leaves_the_baselines_working(registry):
     add(registry)
     registry.manifest_path.write_text('{"format": 1, "entr')
+    commit_by_hand(registry)
     kd = Dispatcher("registry", registry=registry)
     assert "corrupt" in kd.registry_error
     args = inputs()
@@ -111,6 +119,21 @@ def test_reload_picks_up_adds_and_rollbacks(registry):
     torch.testing.assert_close(kd.rmsnorm(*args), SPEC.reference(*args))
     registry.rollback(entry.id)
     assert kd.reload() == {"rmsnorm": {"float32 hidden=33,tokens=2-16": (f"registry:{entry.id}", "baseline")}}
+
+
+def test_reload_at_a_revision_pins_that_commit_until_the_next_plain_reload(registry):
+    """The gate alternates the registry before and after a commit by reloading at each."""
+    kd = Dispatcher("registry", registry=registry)
+    kd.rmsnorm(*inputs())
+    entry = add(registry)
+    key = "float32 hidden=33,tokens=2-16"
+    assert kd.reload("HEAD~1") == {} and kd.revision == "HEAD~1"
+    assert kd.reload(registry.head()) == {"rmsnorm": {key: ("baseline", f"registry:{entry.id}")}}
+    assert kd.reload("HEAD~1") == {"rmsnorm": {key: (f"registry:{entry.id}", "baseline")}}
+    with pytest.raises(RegistryError, match="not a commit"):
+        kd.reload("nope")
+    assert kd.variants_in_use()["rmsnorm"] == {key: "baseline"}  # a failed reload changes nothing
+    assert kd.reload() == {"rmsnorm": {key: ("baseline", f"registry:{entry.id}")}} and kd.revision is None
 
 
 def test_entries_of_another_device_are_ignored(registry):

@@ -13,6 +13,9 @@ import torch
 from kernels import get_op
 from kernels.errors import RegistryError
 from kernels.registry import ANY_BUCKET, Provenance, Registry
+from kernels.registry.entry import sha256_text
+
+from tests.registry_support import commit_by_hand
 
 RMSNORM_SOURCE = Path(get_op("rmsnorm").forward.__code__.co_filename).read_text()
 DEVICE = "cpu-interpreter"
@@ -70,20 +73,49 @@ def test_load_runs_the_stored_kernel(registry):
     torch.testing.assert_close(forward(*args), spec.reference(*args))
 
 
-def test_tampered_source_is_refused_and_logged(registry, caplog):
+def test_a_tampered_committed_source_is_refused_and_logged(registry, caplog):
     entry = add(registry)
     (registry.path / entry.source_path).write_text(RMSNORM_SOURCE.replace("rsqrt", "sqrt"))
+    commit_by_hand(registry)
     with caplog.at_level(logging.ERROR):
         assert registry.load(entry) is None
     assert "does not match" in caplog.text
 
 
+def test_an_uncommitted_hand_edit_is_never_served_and_blocks_writes(registry):
+    """Issue #14: a source changed together with its manifest hash, left uncommitted, was served."""
+    entry = add(registry)
+    zeros = "import torch\n\ndef forward(x, weight, eps):\n    return torch.zeros_like(x)\n"
+    tampered = registry.manifest_path.read_text().replace(entry.sha256, sha256_text(zeros))
+    (registry.path / entry.source_path).write_text(zeros)
+    registry.manifest_path.write_text(tampered)
+    assert registry.uncommitted() == sorted(["manifest.json", entry.source_path])
+    assert registry.entries() == [entry] and registry.source(entry) == RMSNORM_SOURCE  # HEAD, not the files
+    spec = get_op("rmsnorm")
+    args = spec.make_inputs({"tokens": 3, "hidden": 33}, torch.float32, 0, "cpu")
+    torch.testing.assert_close(registry.load(entry)(*args), spec.reference(*args))
+    with pytest.raises(RegistryError, match="uncommitted changes .*nothing was written"):
+        add(registry, dtype="float16")
+    with pytest.raises(RegistryError, match="uncommitted changes"):
+        registry.rollback(entry.id)
+    assert registry.manifest_path.read_text() == tampered  # the hand edit is left for its owner
+
+
 def test_missing_or_broken_source_is_refused_not_raised(registry):
     entry = add(registry)
     (registry.path / entry.source_path).unlink()
+    commit_by_hand(registry, "delete a source")
     assert registry.load(entry) is None
     broken = add(registry, "def forward(:\n", dtype="float16")
     assert registry.load(broken) is None
+
+
+def test_the_registry_is_read_at_any_commit(registry):
+    entry = add(registry)
+    assert registry.entries("HEAD~1") == [] and registry.entries() == [entry]
+    assert registry.added_by(entry).sha == registry.head()
+    with pytest.raises(RegistryError, match="not a commit"):
+        registry.entries("no-such-commit")
 
 
 def test_rollback_is_a_revert_commit(registry):
@@ -107,6 +139,12 @@ def test_rollback_by_commit_and_refusals(registry):
         registry.rollback(head)
     with pytest.raises(RegistryError, match="neither an entry id nor a commit"):
         registry.rollback("no-such-thing")
+    second = registry.entries()[0]
+    registry.rollback(registry.history()[0].sha)
+    with pytest.raises(RegistryError, match=f"entry {second.id} is not in the registry any more: already rolled back"):
+        registry.rollback(second.id)
+    with pytest.raises(RegistryError, match="no longer in .*Revert"):
+        registry.find(second.id)
     with pytest.raises(RegistryError, match="first commit"):
         registry.rollback(registry.history()[-1].sha)
 
@@ -115,6 +153,7 @@ def test_rollback_by_commit_and_refusals(registry):
 def test_corrupt_manifest_is_one_clear_error(registry, text):
     add(registry)
     registry.manifest_path.write_text(text)
+    commit_by_hand(registry, "a corrupt manifest")
     with pytest.raises(RegistryError) as info:
         registry.entries()
     assert "\n" not in str(info.value) and str(registry.manifest_path) in str(info.value)

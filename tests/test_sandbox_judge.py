@@ -7,7 +7,8 @@ import torch
 
 from kernels.ops import get_op
 from kernels.roofline import Rates
-from sandbox.judge import judge_call, judge_replay, judge_timing, speedup_interval
+from kernels.stats import median_interval
+from sandbox.judge import judge_call, judge_replay, judge_timing
 from sandbox.options import CheckOptions
 from sandbox.plan import harness_memory_mb, make_plan
 from sandbox.verdict import Verdict
@@ -133,8 +134,8 @@ def test_a_call_faster_than_the_devices_flops_allow_is_impossible_too() -> None:
 
 
 def test_bootstrap_interval() -> None:
-    assert speedup_interval([1.2] * 9) == (1.2, 1.2, 1.2)
-    median, lo, hi = speedup_interval([0.8, 1.25, 0.9, 1.2, 1.0, 1.1, 0.95])
+    assert median_interval([1.2] * 9) == (1.2, 1.2, 1.2)
+    median, lo, hi = median_interval([0.8, 1.25, 0.9, 1.2, 1.0, 1.1, 0.95])
     assert lo < 1.0 < hi and lo <= median <= hi
 
 

@@ -12,15 +12,14 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from kernels import get_op
+from kernels.device import resolve_device
 from kernels.errors import KernelloopError
 from kernels.target_compile import parse_targets
 from history import History
 from sandbox import CheckOptions, Sandbox
 
-from agent.render import print_table
+from agent.render import print_table, throttled
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-gain", type=float, default=0.03, help="required lower bound of the speedup interval, minus 1 (default 0.03)")
     p.add_argument("--dtypes", default=None, help="comma-separated subset to check, e.g. float32,bfloat16")
     p.add_argument("--shapes", default=None, help='extra shapes as JSON, e.g. \'[{"tokens": 3, "hidden": 96}]\'')
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds per candidate (default 180)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds per candidate, shared by correctness and timing (default: 180 on cpu, 120 on cuda)")
     p.add_argument("--memory-mb", type=int, default=4096, help="memory per candidate (default 4096)")
     p.add_argument("--seed", type=int, default=None, help="master seed for inputs (default: secret)")
     p.add_argument("--history", type=Path, default=None, metavar="PATH",
@@ -80,9 +80,7 @@ def _shapes(text: str | None) -> tuple[dict, ...]:
 
 def run(args: argparse.Namespace) -> int:
     spec = get_op(args.op)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise KernelloopError("--device cuda: no CUDA device is available")
+    device = resolve_device(args.device)
     try:
         compile_for = parse_targets(args.compile_for) if args.compile_for is not None else ()
     except KernelloopError as exc:
@@ -99,13 +97,14 @@ def run(args: argparse.Namespace) -> int:
         unconfined=args.unconfined, compile_for=compile_for)
     verdicts = []
     history = None if args.no_history else History(args.history)
-    with Sandbox(options, progress=None) as sandbox:
+    progress = throttled(lambda message: print(message, file=sys.stderr, flush=True), prefix="    ")
+    with Sandbox(options, progress=progress) as sandbox:
         for i, path in enumerate(files, 1):
             print(f"[{i}/{len(files)}] {path} ...", file=sys.stderr, flush=True)
             source = path.read_text(errors="replace")
             v = sandbox.judge_source(spec.name, source, str(path))
             if history is not None:
-                history.record_attempt(spec.name, source, "human", v.to_json())
+                history.record_attempt(spec.name, source, "human", v.to_json(), label=path.name)
             print(f"[{i}/{len(files)}] {path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"
                   f" ({v.duration_s:.1f} s) {v.reason}", file=sys.stderr, flush=True)
             verdicts.append(v)

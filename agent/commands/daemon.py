@@ -6,7 +6,8 @@ import argparse
 import logging
 import sys
 
-from agent.commands.tune import _proposers, engine_target
+from agent.commands.tune import engine_target
+from agent.commands.tune_args import add_tune_arguments, build_proposers, check_tune_arguments, close_proposers, proposer_names
 from agent.daemon import Daemon, DaemonMetrics, serve_metrics
 from agent.gate import GateConfig
 from agent.loop.context import LoopContext
@@ -20,19 +21,12 @@ log = logging.getLogger("kernelloop.daemon")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("daemon", help="profile, tune, commit, verify, sleep; until SIGTERM or the budget is spent")
-    p.add_argument("--engine", default=None, metavar="URL", help="tune this running engine (see agent tune --help)")
+    add_tune_arguments(p)
     p.add_argument("--op", default=None, help="tune only this op (default: the profile's best target each run)")
-    p.add_argument("--interval", type=float, default=600.0, help="seconds to sleep between runs (default 600)")
-    p.add_argument("--max-runs", type=int, default=None, help="stop after this many tune runs")
-    p.add_argument("--max-hours", type=float, default=None, help="stop after this long")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    p.add_argument("--model", default=None, metavar="DIR|NAME", help="model directory or a known name (smollm2)")
-    p.add_argument("--proposer", choices=("search", "llm", "both"), default="search")
-    p.add_argument("--llm-model", default="gpt-4o")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--candidates", type=int, default=4)
-    p.add_argument("--registry", default=None, metavar="PATH")
-    p.add_argument("--history", default=None, metavar="PATH")
+    p.add_argument("--interval", type=float, default=600.0, metavar="S",
+                   help="seconds to sleep between runs (default 600)")
+    p.add_argument("--max-runs", type=int, default=None, metavar="N", help="stop after this many tune runs")
+    p.add_argument("--max-hours", type=float, default=None, metavar="H", help="stop after this long")
     p.add_argument("--metrics-port", type=int, default=9477, help="Prometheus /metrics on 127.0.0.1 (0: any free port; -1: off)")
     p.add_argument("--log-file", default=None, metavar="PATH", help="also log here")
     p.set_defaults(run=run)
@@ -41,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.interval < 0 or (args.max_runs is not None and args.max_runs < 1):
         raise KernelloopError("--interval must be >= 0 and --max-runs >= 1")
+    check_tune_arguments(args)
     handlers = [logging.StreamHandler(sys.stderr)] + ([logging.FileHandler(args.log_file)] if args.log_file else [])
     for handler in handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -51,8 +46,10 @@ def run(args: argparse.Namespace) -> int:
         from kernels import get_op
 
         get_op(args.op)
+    proposers = build_proposers(args)  # before the engine: a dead LLM endpoint is one line, exit 2
     remote, device, registry, model = engine_target(args)
-    settings = TuneSettings(op=args.op, device=device, rounds=args.rounds, candidates=args.candidates)
+    settings = TuneSettings(op=args.op, device=device, proposers=tuple(proposer_names(args)), rounds=args.rounds,
+                            candidates=args.candidates, min_gain=args.min_gain, sandbox_timeout_s=args.timeout)
     metrics = DaemonMetrics()
     server = None
     if args.metrics_port >= 0:
@@ -60,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("metrics on http://127.0.0.1:%d/metrics", server.server_address[1])
     try:
         with History(args.history) as history:
-            ctx = LoopContext(history=history, registry=Registry(registry), proposers=_proposers(args),
-                              device=device, model=model, remote=remote, gate=GateConfig(), progress=log.info)
+            ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
+                              device=device, model=model, remote=remote,
+                              gate=GateConfig(tps_tolerance=args.gate_tps_tolerance), progress=log.info)
             daemon = Daemon(ctx, settings, interval_s=args.interval, max_runs=args.max_runs,
                             max_seconds=args.max_hours * 3600 if args.max_hours else None, metrics=metrics)
             daemon.install_signal_handlers()
@@ -70,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 ctx.close()
     finally:
+        close_proposers(proposers)
         if server is not None:
             server.shutdown()
     log.info("daemon stopped after %d finished runs", finished)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from history import History, default_history_path
-from history.queries import outcome
+from history.queries import attempt_time, outcome
 from kernels import get_op
 
 from agent.render import print_json, print_table
@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("history", help="attempts the loop made: candidates, verdicts, speedups, rejections")
     p.add_argument("--op", default=None, help="only this op")
     p.add_argument("--limit", type=positive_int, default=50, help="at most this many attempts (default 50)")
-    p.add_argument("--search", default=None, metavar="TEXT", help="full-text search over sources and verdict reasons")
+    p.add_argument("--search", default=None, metavar="TEXT",
+                   help="full-text search over sources and verdict reasons; also matches failure codes, labels and "
+                        "verdict words (e.g. timeout, wrong, 'timing incomplete')")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     add_history_argument(p)
     p.set_defaults(run=run)
@@ -40,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    table = [(r["created_at"][:19].replace("T", " "), r["op"], r["proposer"], (r["sha256"] or "")[:10], outcome(r),
-              "" if r["speedup"] is None else f"{r['speedup']:.3f}x", r["failure"] or "", r["reason"] or "")
-             for r in rows]
+    table = [(attempt_time(r)[:19].replace("T", " "), r["op"], r["proposer"], r["label"] or "",
+              (r["sha256"] or "")[:10], outcome(r), "" if r["speedup"] is None else f"{r['speedup']:.3f}x",
+              r["failure"] or "", r["reason"] or "") for r in rows]
     what = f" matching {args.search!r}" if args.search else ""
-    print_table(f"history {path} ({len(rows)} attempts{what}, newest first)",
-                ("time (UTC)", "op", "proposer", "sha256", "verdict", "speedup", "failure", "reason"), table)
+    print_table(f"history {path} ({len(rows)} attempts{what}, newest first; time: of the verdict, else of the proposal)",
+                ("time (UTC)", "op", "proposer", "label", "sha256", "verdict", "speedup", "failure", "reason"), table)
     return 0

@@ -8,7 +8,7 @@ import time
 
 from kernels import OPS, get_op
 from kernels.compare import CheckResult, check_impl
-from kernels.device import default_device, device_fingerprint
+from kernels.device import device_fingerprint, resolve_device
 from kernels.errors import KernelloopError
 from kernels.spec import dtype_name, parse_dtype, pick_shapes
 
@@ -25,10 +25,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where to check (default: cuda if available)")
     p.add_argument("--seeds", type=int, default=2, help="random seeds per shape and dtype (default 2)")
     p.add_argument("--dtypes", default=None, help="comma-separated subset, e.g. float32,bfloat16")
+    p.add_argument("--template", default=None, metavar="OP",
+                   help="print OP's baseline kernel as a self-contained candidate module (a starting point for "
+                        "`agent check OP FILE`) and exit")
     p.set_defaults(run=run)
 
 
+def template(op: str) -> str:
+    """The op's baseline as a candidate: its module without the spec plumbing, helpers inlined."""
+    import inspect
+
+    from agent.proposers.prompts import kernel_text
+
+    spec = get_op(op)
+    return (f"# {op}: the baseline Triton kernel as a self-contained candidate.\n"
+            f"# Edit it, then judge it: agent check {op} THIS_FILE\n" + kernel_text(inspect.getsource(inspect.getmodule(spec.forward))))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.template:
+        sys.stdout.write(template(args.template))
+        return 0
     specs = [get_op(n) for n in args.names] if args.names else list(OPS.values())
     if not args.check:
         if args.json:
@@ -42,9 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check(specs: list, args: argparse.Namespace) -> int:
-    device = args.device or default_device()
-    if device == "cuda" and default_device() != "cuda":
-        raise KernelloopError("--device cuda: no CUDA device is available here (Triton runs interpreted on CPU)")
+    device = resolve_device(args.device)
     if args.seeds < 1:
         raise KernelloopError("--seeds must be at least 1")
     dtypes = [parse_dtype(d.strip()) for d in args.dtypes.split(",")] if args.dtypes else None

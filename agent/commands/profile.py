@@ -21,7 +21,9 @@ from agent.render import print_json, print_table
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="profile the engine: time per op, shapes, roofline, tokens/s, TTFT, TPOT")
     p.add_argument("--engine", default=None, metavar="URL", help="a running engine (default: start one in-process)")
-    p.add_argument("--seconds", type=float, default=120.0, help="time limit of the workload (default 120)")
+    p.add_argument("--seconds", type=float, default=120.0,
+                   help="time limit of the workload (default 120); with --engine, extended while no token has "
+                        "come back, then requests still running are cancelled")
     p.add_argument("--requests", type=int, default=16, help="requests in the built-in workload (default 16)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
@@ -74,12 +76,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _profile_in_process(args: argparse.Namespace, workload: list) -> dict[str, Any]:
-    import torch
+    from kernels.device import resolve_device
 
     from engine.engine import Engine, EngineConfig
     from profiler.inprocess import profile_engine
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     print(f"starting an in-process engine ({args.model or 'embedded model'}, {device}, kernels={args.kernels})",
           file=sys.stderr, flush=True)
     engine = Engine(EngineConfig(model=args.model, device=device, kernels=args.kernels))
@@ -110,6 +112,8 @@ def show(profile: dict[str, Any]) -> None:
           f"{profile['tokens_per_second']:.1f} tokens/s; TTFT median {_fmt(profile.get('ttft_ms_median'), '.1f')} ms, "
           f"TPOT median {_fmt(profile.get('tpot_ms_median'), '.1f')} ms; prefix-cache hit rate "
           f"{_fmt(None if profile['prefix_hit_rate'] is None else 100 * profile['prefix_hit_rate'], '.0f')}%")
+    for note in profile.get("notes") or []:
+        print(f"note: {note}")
     if "ncu" in profile:
         n = profile["ncu"]
         print(f"ncu {n['op']}: " + (", ".join(f"{k} {v:.4g}" for k, v in n["metrics"].items()) if n["available"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kernels import get_op
 from kernels.errors import RegistryError
 from kernels.registry import Registry
+from kernels.registry.entry import sha256_text
 
-from agent.render import console, print_json, print_table
+from agent.render import console, print_json, print_table, warn
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,13 +34,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--limit", type=int, default=20)
     v = verb("rollback", "undo a commit (or the commit that added an entry) with a revert commit", run_rollback)
     v.add_argument("target", help="entry id or commit sha")
+    v.add_argument("--engine", default=None, metavar="URL",
+                   help="a running `engine serve --kernels registry` to reload after the rollback, so it stops "
+                        "serving the rolled-back kernel at once")
 
 
 def open_registry(args: argparse.Namespace) -> Registry:
-    """An explicit --registry must exist; the default one may not exist yet (nothing added)."""
+    """An explicit --registry must exist; the default one may not exist yet (nothing added). Files
+    edited by hand and not committed are named on stderr: they are not what is served."""
     reg = Registry(args.registry)
     if args.registry is not None and not reg.path.exists():
         raise RegistryError(f"no registry at {reg.path}")
+    if dirty := reg.uncommitted():
+        warn(f"{reg.path} has uncommitted changes ({', '.join(dirty)}); they are not served, this shows the "
+             "registry's last commit")
     return reg
 
 
@@ -58,17 +67,24 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    """Exit 1 when the source does not hash to the manifest's sha256 (the engine refuses to load it)."""
     reg = open_registry(args)
     entry = reg.find(args.entry)
     source = reg.source(entry)
+    actual = sha256_text(source)
+    intact = actual == entry.sha256
     if args.json:
-        print_json({**entry.to_dict(), "source_text": source})
-        return 0
-    d = entry.to_dict()
-    prov = d.pop("provenance")
-    rows = [(k, v) for k, v in d.items()] + [(f"provenance.{k}", v) for k, v in prov.items()]
-    print_table(f"registry entry {entry.id}", ("field", "value"), rows)
-    console.print(source, markup=False, highlight=False)
+        print_json({**entry.to_dict(), "source_text": source, "source_sha256": actual, "intact": intact})
+    else:
+        d = entry.to_dict()
+        prov = d.pop("provenance")
+        rows = [(k, v) for k, v in d.items()] + [(f"provenance.{k}", v) for k, v in prov.items()]
+        print_table(f"registry entry {entry.id}", ("field", "value"), rows)
+        console.print(source, markup=False, highlight=False)
+    if not intact:
+        sys.stderr.write(f"error: {entry.id}'s source hashes to {actual[:12]}, not the manifest's "
+                         f"{entry.sha256[:12]}: it was altered, and the engine refuses to load it (the baseline serves)\n")
+        return 1
     return 0
 
 
@@ -84,4 +100,13 @@ def run_rollback(args: argparse.Namespace) -> int:
     reg.entries()  # a corrupt registry fails here with one clear line
     commit = reg.rollback(args.target)
     print(f"rolled back: {commit.sha[:10]} {commit.message.splitlines()[0]}")
+    if args.engine:
+        from agent.remote import RemoteEngine
+
+        changed = RemoteEngine(args.engine, timeout_s=60).reload_kernels()
+        shown = "; ".join(f"{op} {where}: {old} -> {new}" for op, c in changed.items() for where, (old, new) in c.items())
+        print(f"reloaded {args.engine}: {shown or 'no kernel it serves changed'}")
+    else:
+        print("a running engine keeps serving the old kernel until it reloads: `agent registry rollback ... "
+              "--engine URL`, or POST URL/kernels/reload")
     return 0

@@ -15,23 +15,24 @@ says why), 2 for bad input or an unusable endpoint.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from agent.commands.tune_args import (add_tune_arguments, build_proposers, check_tune_arguments,
+                                     close_proposers, proposer_names)
 from agent.gate import GateConfig
 from agent.loop.context import LoopContext
-from agent.loop.graph import run_tune, unfinished_run
+from agent.loop.graph import checkpointed_op, run_tune, unfinished_run, unfinished_runs
 from agent.loop.state import TuneSettings
 from agent.proposers.prompts import PROPOSAL_STAGE
 from agent.remote import RemoteEngine
 from agent.render import print_json, print_table
 from history import History
 from kernels import get_op
-from kernels.device import device_fingerprint
+from kernels.device import device_fingerprint, resolve_device
 from kernels.errors import KernelloopError
 from kernels.registry import Registry
 
@@ -39,59 +40,12 @@ from kernels.registry import Registry
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="tune one op end to end: profile, propose, check, commit, reload, verify")
     p.add_argument("op", nargs="?", default=None, help="the op (default: chosen from the profile)")
-    p.add_argument("--engine", default=None, metavar="URL",
-                   help="tune a running engine (started with --kernels registry, on this machine: the agent commits to its "
-                        "registry and builds the gate's reference from its model directory); default: an in-process engine")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
-    p.add_argument("--model", default=None, metavar="DIR|NAME",
-                   help="model directory or a known name (smollm2) (default: the embedded model)")
-    p.add_argument("--proposer", choices=("search", "llm", "both"), default="search")
-    p.add_argument("--llm-model", default=os.environ.get("KERNELLOOP_LLM_MODEL", "gpt-4o"),
-                   help="model name at OPENAI_BASE_URL (default: $KERNELLOOP_LLM_MODEL or gpt-4o)")
-    p.add_argument("--llm-max-tokens", type=int, default=8000, metavar="N",
-                   help="completion tokens per LLM answer (max_tokens; default 8000)")
-    p.add_argument("--llm-timeout", type=float, default=120.0, metavar="S",
-                   help="seconds per LLM request before it is retried (default 120)")
-    p.add_argument("--rounds", type=int, default=3, help="propose/check rounds at most (default 3)")
-    p.add_argument("--candidates", type=int, default=4, help="candidates per proposer per round (default 4)")
-    p.add_argument("--min-gain", type=float, default=0.03)
-    p.add_argument("--gate-tps-tolerance", type=float, default=GateConfig.tps_tolerance, metavar="F",
-                   help="end-to-end gate: tokens/s may drop by this fraction before it counts (default 0.10)")
-    p.add_argument("--registry", default=None, metavar="PATH")
-    p.add_argument("--history", default=None, metavar="PATH")
+    add_tune_arguments(p)
     p.add_argument("--restart", action="store_true", help="abandon an unfinished run instead of resuming it")
+    p.add_argument("--unfinished", action="store_true",
+                   help="list the unfinished (killed) runs, which the next `agent tune` for the same op resumes, and exit")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
-
-
-def _proposers(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if args.proposer in ("search", "both"):
-        from agent.proposers.search import SearchProposer
-
-        out["search"] = SearchProposer()
-    if args.proposer in ("llm", "both"):
-        from agent.proposers.llm import LLMProposer
-
-        if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
-            raise KernelloopError("--proposer llm needs OPENAI_BASE_URL (and OPENAI_API_KEY) for an OpenAI-compatible endpoint")
-        if getattr(args, "llm_max_tokens", 1) < 1 or getattr(args, "llm_timeout", 1) <= 0:
-            raise KernelloopError("--llm-max-tokens must be at least 1 and --llm-timeout positive")
-        llm = LLMProposer(model=args.llm_model, max_tokens_per_round=getattr(args, "llm_max_tokens", 8000),
-                          timeout_s=getattr(args, "llm_timeout", 120.0))
-        try:
-            _progress(llm.check_endpoint())  # before any profiling: a dead endpoint is one line, exit 2
-        except BaseException:
-            llm.close()
-            raise
-        out["llm"] = llm
-    return out
-
-
-def _close(proposers: dict[str, Any]) -> None:
-    for proposer in proposers.values():
-        if hasattr(proposer, "close"):
-            proposer.close()
 
 
 def _progress(message: str) -> None:
@@ -100,7 +54,7 @@ def _progress(message: str) -> None:
 
 def engine_target(args: argparse.Namespace) -> tuple[RemoteEngine | None, str, str | None, str | None]:
     """(remote engine or None, device, registry path, model dir) from --engine/--device/--registry/--model."""
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     if not args.engine:
         return None, device, args.registry, args.model
     remote = RemoteEngine(args.engine)
@@ -116,16 +70,32 @@ def engine_target(args: argparse.Namespace) -> tuple[RemoteEngine | None, str, s
     return remote, device, registry, model
 
 
+def list_unfinished(args: argparse.Namespace) -> int:
+    with History(args.history) as history:
+        ctx = LoopContext(history=history, registry=Registry(args.registry), proposers={})
+        runs = [{"id": r["id"], "started_at": r["started_at"], "asked_op": r["op"], "op": checkpointed_op(ctx, r["id"]),
+                 "resume_with": f"agent tune {r['op'] or ''}".strip()} for r in unfinished_runs(ctx)]
+    if args.json:
+        print_json(runs)
+    else:
+        rows = [(r["id"], r["started_at"], r["asked_op"] or "(from the profile)", r["op"] or "-", r["resume_with"])
+                for r in runs]
+        print_table(f"{len(rows)} unfinished tune runs (`--restart` abandons one instead)",
+                    ("run", "started", "asked for", "op", "resumed by"), rows)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.unfinished:
+        return list_unfinished(args)
     if args.op is not None:
         get_op(args.op)
-    if args.rounds < 1 or args.candidates < 1:
-        raise KernelloopError("--rounds and --candidates must be at least 1")
-    proposers = _proposers(args)
+    check_tune_arguments(args)
+    proposers = build_proposers(args)
     try:
         remote, device, registry, model = engine_target(args)
-        settings = TuneSettings(op=args.op, device=device, proposers=tuple(_proposers_names(args)), rounds=args.rounds,
-                                candidates=args.candidates, min_gain=args.min_gain)
+        settings = TuneSettings(op=args.op, device=device, proposers=tuple(proposer_names(args)), rounds=args.rounds,
+                                candidates=args.candidates, min_gain=args.min_gain, sandbox_timeout_s=args.timeout)
         with History(args.history) as history:
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
                               device=device, model=model, remote=remote,
@@ -139,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 ctx.close()
     finally:
-        _close(proposers)
+        close_proposers(proposers)
     show(state, args.json)
+    if state.get("status") == "winner" and not args.json:
+        print(serving_hint(state, args, registry, model))
     if state.get("status") == "no-candidate":
         if args.json:  # the result line goes to stdout otherwise
             print(f"agent tune: {state.get('reason')}", file=sys.stderr)
@@ -148,8 +120,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _proposers_names(args: argparse.Namespace) -> list[str]:
-    return ["search", "llm"] if args.proposer == "both" else [args.proposer]
+def serving_hint(state: dict[str, Any], args: argparse.Namespace, registry: str | None, model: str | None) -> str:
+    """How to get the committed kernel served: an in-process run's engine is gone when the command ends,
+    and `engine serve` on CPU serves reference ops unless told otherwise."""
+    entry = state["committed"]["entry_id"]
+    metric = f'kernelloop_kernel_variant{{op="{state["op"]}",...,variant="registry:{entry}"}} 1'
+    if args.engine:
+        return f"{args.engine} serves it now (reloaded); its /metrics shows {metric}"
+    command = " ".join(["engine serve --kernels registry", *(["--registry", str(registry)] if registry else []),
+                        *(["--model", str(args.model)] if args.model else [])])
+    return f"to serve it: {command} (then /metrics shows {metric} once that shape has run)"
 
 
 def show(state: dict[str, Any], as_json: bool) -> None:

@@ -10,11 +10,11 @@ import argparse
 import sys
 
 import httpx
-import torch
 
 from agent.render import print_json, print_table
 from agent.verify import verify_registry
 from history import History
+from kernels.device import resolve_device
 from kernels.errors import KernelloopError
 from kernels.registry import Registry
 
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     registry = Registry(args.registry)
     if args.registry is not None and not registry.path.exists():
         raise KernelloopError(f"registry {registry.path} does not exist")

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from agent.gate import GateConfig, Measurement, measure, prompt_ids
 from agent.remote import RemoteEngine
+from agent.render import throttled
 from engine.engine import Engine, EngineConfig
 from profiler.inprocess import profile_engine
 from profiler.workload import WorkloadRequest
@@ -28,6 +29,7 @@ class LoopContext:
     progress: Callable[[str], None] = lambda message: None
     _engine: Engine | None = None
     _reference: Engine | None = None
+    _reference_measurement: Measurement | None = None
     _sandboxes: dict[tuple, Sandbox] = field(default_factory=dict)
 
     @property
@@ -53,25 +55,39 @@ class LoopContext:
 
     def profile(self, workload: list[WorkloadRequest]) -> dict[str, Any]:
         if self.remote is not None:
-            return self.remote.profile(workload)
-        return profile_engine(self.engine, workload, concurrency=4)
+            return self.remote.profile(workload, self._profile_progress)
+        return profile_engine(self.engine, workload, concurrency=4, progress=self._profile_progress)
 
-    def reload(self) -> dict[str, Any]:
-        return self.remote.reload_kernels() if self.remote is not None else self.engine.reload_kernels()
+    def _profile_progress(self, message: str) -> None:
+        self.progress(f"  profile: {message}")
 
-    def measure_engine(self) -> Measurement:
+    def reload(self, revision: str | None = None) -> dict[str, Any]:
+        """Serve the registry's HEAD (or commit `revision`); returns the variants that changed."""
         if self.remote is not None:
+            return self.remote.reload_kernels(revision)
+        return self.engine.reload_kernels(revision)
+
+    def tokens_per_second_at(self, revision: str, warmup: bool = True) -> float:
+        """The engine's gate tokens/s with the registry as commit `revision` holds it."""
+        self.reload(revision)
+        return self.measure_engine(warmup).tokens_per_second
+
+    def measure_engine(self, warmup: bool = True) -> Measurement:
+        if self.remote is not None:  # the engine's /gate/measure warms up by itself
             return self.remote.measure(prompt_ids(self.reference, self.gate.prompts), self.gate)
-        return measure(self.engine, self.gate)
+        return measure(self.engine, self.gate, warmup)
 
     def measure_reference(self) -> Measurement:
-        return measure(self.reference, self.gate)
+        """The reference engine's measurement (deterministic: taken once per context)."""
+        if self._reference_measurement is None:
+            self._reference_measurement = measure(self.reference, self.gate)
+        return self._reference_measurement
 
     def sandbox(self, options: CheckOptions) -> Sandbox:
         key = (options.timing_shape and tuple(sorted(options.timing_shape.items())), options.timing_dtype,
                options.shapes and tuple(tuple(sorted(s.items())) for s in options.shapes))
         if key not in self._sandboxes:
-            self._sandboxes[key] = Sandbox(options)
+            self._sandboxes[key] = Sandbox(options, progress=throttled(self.progress, prefix="    sandbox: "))
         return self._sandboxes[key]
 
     def close(self) -> None:

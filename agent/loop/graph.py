@@ -65,12 +65,28 @@ def checkpoint_path(history_path: Path) -> Path:
     return history_path.with_name(history_path.stem + "-checkpoints.db")
 
 
+def unfinished_runs(ctx: LoopContext) -> list[dict[str, Any]]:
+    """Tune runs that never finished (killed), newest first."""
+    return [run for run in ctx.history.runs(limit=200) if run["command"] == "tune" and run["status"] == "running"]
+
+
 def unfinished_run(ctx: LoopContext, op: str | None) -> int | None:
-    """The newest tune run for `op` (any op when None) that never finished, if its checkpoint exists."""
-    for run in ctx.history.runs(limit=50):
-        if run["command"] == "tune" and run["status"] == "running" and (op is None or run["op"] in (op, None)):
-            return run["id"]
-    return None
+    """The newest unfinished tune run started the same way: for `op`, or (None) with the target left to
+    the profile. A run for another op is never resumed in its place."""
+    return next((run["id"] for run in unfinished_runs(ctx) if run["op"] == op), None)
+
+
+def checkpointed_op(ctx: LoopContext, run_id: int) -> str | None:
+    """The op an unfinished run's last checkpoint holds (None: no checkpoint, or no target chosen yet)."""
+    path = checkpoint_path(ctx.history.path)
+    if not path.exists():
+        return None
+    conn = sqlite3.connect(path, check_same_thread=False)
+    try:
+        saved = SqliteSaver(conn).get_tuple({"configurable": {"thread_id": f"tune-{run_id}"}})
+        return (saved.checkpoint.get("channel_values") or {}).get("op") or None if saved else None
+    finally:
+        conn.close()
 
 
 def run_tune(settings: TuneSettings, ctx: LoopContext, resume: int | None = None) -> dict[str, Any]:
@@ -80,8 +96,10 @@ def run_tune(settings: TuneSettings, ctx: LoopContext, resume: int | None = None
         graph = build(Nodes(ctx, settings), settings).compile(checkpointer=SqliteSaver(conn))
         if resume is not None:
             config = {"configurable": {"thread_id": f"tune-{resume}"}, "recursion_limit": RECURSION_LIMIT}
-            if graph.get_state(config).next:
-                ctx.progress(f"resuming tune run {resume}")
+            snapshot = graph.get_state(config)
+            if snapshot.next:
+                op = (snapshot.values or {}).get("op") or "target not chosen yet"
+                ctx.progress(f"resuming tune run {resume} ({op}, at {snapshot.next[0]}); --restart abandons it")
                 return graph.invoke(None, config, durability="sync")
             ctx.history.finish_run(resume, "failed", {"reason": "no checkpoint to resume"})
         run_id = ctx.history.start_run("tune", settings.op)

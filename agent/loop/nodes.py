@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from agent.gate import judge, summary
+from agent.gate import GateResult, alternate_speed, judge, summary
 from agent.loop.context import LoopContext
 from agent.loop.state import TuneSettings, TuneState
 from agent.loop.target import choose_target, op_shapes
@@ -28,6 +28,7 @@ from kernels.ops import get_op
 from kernels.registry.entry import Provenance, sha256_text
 from profiler.workload import agent_workload
 from sandbox import CheckOptions
+from sandbox.verdict import CORRECT_FAILURES
 
 VERDICT_KEYS = ("correct", "accepted", "speedup", "speedup_interval", "failure", "reason", "stage", "baseline")
 
@@ -101,7 +102,7 @@ class Nodes:
         entry = self._current_entry(state)
         failures = tuple({"source": a.get("source", ""), "failure": a["failure"], "reason": a["reason"]}
                          for a in ctx.history.attempts(op=op, limit=20)
-                         if a.get("failure") not in (None, "not-faster", *PROPOSAL_FAILURES))[:5]
+                         if a.get("failure") not in (None, *CORRECT_FAILURES, *PROPOSAL_FAILURES))[:5]
         tctx = TuneContext(op=op, dtype=state["dtype"], device=self.settings.device, shapes=tuple(state["shapes"]),
                            best_source=ctx.registry.source(entry) if entry else None,
                            baseline_source=inspect.getsource(inspect.getmodule(get_op(op).forward)),
@@ -143,7 +144,7 @@ class Nodes:
     def _record_candidate(self, state: TuneState, p: Proposal) -> int:
         return self.ctx.history.record_candidate(
             state["op"], p.source, p.proposer, model=p.model, prompt=p.prompt, tokens_prompt=p.tokens_prompt,
-            tokens_completion=p.tokens_completion, run_id=state["run_id"])
+            tokens_completion=p.tokens_completion, run_id=state["run_id"], label=p.label)
 
     def _duplicate(self, first: dict[str, Any]) -> dict[str, Any]:
         v = first.get("verdict")
@@ -158,7 +159,8 @@ class Nodes:
         verdict = {"op": state["op"], "device": self.fingerprint, **verdict}
         cid = self.ctx.history.record_candidate(
             state["op"], p.source, p.proposer, model=p.model, prompt=p.prompt, tokens_prompt=p.tokens_prompt,
-            tokens_completion=p.tokens_completion, run_id=state["run_id"], parent_id=verdict.get("duplicate_of"))
+            tokens_completion=p.tokens_completion, run_id=state["run_id"], parent_id=verdict.get("duplicate_of"),
+            label=p.label)
         self.ctx.history.record_verdict(cid, verdict)
         return {"candidate_id": cid, "sha256": sha256_text(p.source), "source": p.source, "proposer": p.proposer,
                 "label": p.label, "verdict": _trim(verdict)}
@@ -175,7 +177,8 @@ class Nodes:
             options = CheckOptions(device=self.settings.device, registry=ctx.registry.path, dtypes=(state["dtype"],),
                                    shapes=tuple(state["shapes"]), timing_shape=state["shapes"][0],
                                    timing_dtype=state["dtype"], min_gain=self.settings.min_gain,
-                                   timeout_s=self.settings.sandbox_timeout_s)
+                                   **({"timeout_s": self.settings.sandbox_timeout_s}
+                                      if self.settings.sandbox_timeout_s else {}))
             ctx.progress(f"checking {item['label']}")
             v = ctx.sandbox(options).judge_source(state["op"], item["source"], item["label"])
             verdict = v.to_json()
@@ -203,7 +206,7 @@ class Nodes:
                 state["op"], w["source"], device=self.fingerprint, dtype=state["dtype"], bucket=state["bucket"],
                 speedup=w["verdict"]["speedup"], speedup_ci=(interval[0], interval[1]),
                 provenance=Provenance(w["proposer"], history_id=w["candidate_id"]))
-        commit_sha = next((c.sha for c in ctx.registry.history(limit=20) if entry.id in c.message), None)
+        commit_sha = ctx.registry.added_by(entry).sha
         if not any(e["kind"] == "add" and e["entry_id"] == entry.id for e in ctx.history.registry_events(op=state["op"])):
             ctx.history.record_registry_event("add", state["op"], entry_id=entry.id, commit_sha=commit_sha,
                                               device=self.fingerprint, dtype=state["dtype"], bucket=state["bucket"],
@@ -211,21 +214,45 @@ class Nodes:
         ctx.progress(f"committed {entry.id} ({commit_sha and commit_sha[:10]})")
         return {"committed": {"entry_id": entry.id, "commit_sha": commit_sha}}
 
+    def _run_events(self, state: TuneState, entry_id: str) -> dict[str, dict[str, Any]]:
+        """This run's registry events for `entry_id`, newest per kind (a resumed step looks here first)."""
+        events: dict[str, dict[str, Any]] = {}
+        for e in self.ctx.history.registry_events(op=state["op"], limit=500):
+            if e["entry_id"] == entry_id and (e.get("detail") or {}).get("run_id") == state["run_id"]:
+                events.setdefault(e["kind"], e)
+        return events
+
     def gate_after(self, state: TuneState) -> dict[str, Any]:
-        ctx, op = self.ctx, state["op"]
-        changed = ctx.reload()
-        ctx.history.record_registry_event("reload", op, entry_id=state["committed"]["entry_id"], ok=True,
-                                          detail={"changed": {k: {b: list(v) for b, v in c.items()} for k, c in changed.items()}})
-        result = judge(state["gate_before"], summary(ctx.measure_reference(), ctx.measure_engine()), ctx.gate)
-        ctx.history.record_registry_event("gate", op, entry_id=state["committed"]["entry_id"], ok=result.ok,
-                                          detail=result.to_json())
+        ctx, op, run_id = self.ctx, state["op"], state["run_id"]
+        entry_id, commit_sha = state["committed"]["entry_id"], state["committed"]["commit_sha"]
+        events = self._run_events(state, entry_id)
+        changed = ctx.reload()  # always: a resumed run's engine must serve the commit again
+        if "reload" not in events:
+            ctx.history.record_registry_event("reload", op, entry_id=entry_id, ok=True, run_id=run_id,
+                                              detail={"changed": {k: {b: list(v) for b, v in c.items()}
+                                                                  for k, c in changed.items()}})
+        if "gate" in events:  # judged before a crash: the result stands
+            stored = events["gate"]["detail"]
+            result = GateResult(**{k: stored[k] for k in GateResult.__dataclass_fields__ if k in stored})
+        else:
+            after = summary(ctx.measure_reference(), ctx.measure_engine())
+            rounds = ctx.gate.speed_rounds
+            ctx.progress(f"end-to-end gate: tokens/s before and after, {rounds} alternated rounds")
+            # The registry without the winner is its commit's parent; the two are served alternately.
+            speed = alternate_speed(ctx.tokens_per_second_at, f"{commit_sha}^", commit_sha, rounds, ctx.progress)
+            ctx.reload()  # back to HEAD, which holds the commit
+            result = judge(state["gate_before"], after, speed, ctx.gate)
+            ctx.history.record_registry_event("gate", op, entry_id=entry_id, ok=result.ok, run_id=run_id,
+                                              detail={**result.to_json(), "speed": speed})
         ctx.progress(f"end-to-end gate: {'passed' if result.ok else 'FAILED'}: {result.reason}")
         if result.ok:
             return {"gate": result.to_json(), "status": "winner", "reason": state["winner"]["verdict"]["reason"]}
         entry = self._current_entry(state)
-        if entry is not None and entry.id == state["committed"]["entry_id"]:
+        if entry is not None and entry.id == entry_id:
             ctx.registry.rollback(entry.id)
-            ctx.history.record_registry_event("rollback", op, entry_id=entry.id, ok=True, detail={"why": result.reason})
+        if "rollback" not in events:
+            ctx.history.record_registry_event("rollback", op, entry_id=entry_id, ok=True, run_id=run_id,
+                                              detail={"why": result.reason})
         ctx.reload()
         return {"gate": result.to_json(), "status": "gate-failed", "reason": f"rolled back: {result.reason}"}
 

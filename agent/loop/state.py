@@ -14,11 +14,11 @@ from typing import Any, TypedDict
 class TuneSettings:
     op: str | None                 # None: pick the target from the profile
     device: str = "cpu"
-    proposers: tuple[str, ...] = ("search",)
+    proposers: tuple[str, ...] = ("search",)  # names, for the run's record (the objects live in the context)
     rounds: int = 3                # propose -> check rounds at most
     candidates: int = 4            # proposals per proposer per round
     min_gain: float = 0.03
-    sandbox_timeout_s: float = 180.0
+    sandbox_timeout_s: float | None = None  # seconds per candidate; None: the sandbox's default for the device
     profile_requests: int = 4
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 from history.queries import PROPOSAL_STAGE
 from kernels.ops import get_op
 from sandbox.static_check import ALLOWED_IMPORTS
+from sandbox.verdict import CORRECT_FAILURES
 
 MAX_FAILURES_SHOWN = 4     # earlier failed attempts from history quoted in the task
 MAX_SHAPES_SHOWN = 8
@@ -335,6 +336,8 @@ HINTS = {
     "compile-target": "It must compile for the GPU target without spilling registers or exceeding shared memory: "
                       "use more warps or smaller blocks (loop over long rows in chunks).",
     "not-faster": "Correct, but not faster: change the strategy (grid size, block shape, fewer passes over memory).",
+    "timing-incomplete": "Correct, but its timing did not finish within the budget: make it cheaper to run "
+                         "(fewer programs, less work per call).",
     "impossible-speedup": "The timing looked faster than the hardware allows; do not cache or skip work.",
     "no-code": "Reply with the complete module in one ```python fenced block.",
     "cut-off": "Be brief: no explanation, only the module in one ```python block, well within the token limit.",
@@ -389,7 +392,7 @@ def feedback_text(verdict: dict) -> str:
         lines.append(f"Runtime violation ({failure}): {reason}")
     elif failure == "mismatch":
         lines.append(f"Wrong results (mismatch): {reason}")
-    elif failure in ("not-faster", "impossible-speedup"):
+    elif failure in CORRECT_FAILURES:
         lines.append(f"Correct, but rejected ({failure}): {reason}")
     elif failure in ("no-code", "cut-off", "truncated"):
         lines.append(f"Nothing could be judged ({failure}): {reason}")

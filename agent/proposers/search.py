@@ -43,11 +43,12 @@ from kernels.ops import get_op
 from kernels.registry.entry import sha256_text
 from kernels.spec import parse_dtype
 from kernels.target_compile import device_target, source_problems
+from sandbox.verdict import CORRECT_FAILURES
 
 log = logging.getLogger(__name__)
 
 # Verdict failure codes that keep `correct: true`: they say nothing against the template.
-NOT_CORRECTNESS = frozenset({"not-faster", "impossible-speedup"})
+NOT_CORRECTNESS = frozenset(CORRECT_FAILURES)
 
 
 def label_of(op: str, params: Mapping[str, Any]) -> str:

@@ -2,6 +2,8 @@
 
 Every change is one commit; a rollback is a new commit that undoes an earlier one (history is
 never rewritten). Writers hold an exclusive file lock, so a daemon and a CLI can't interleave.
+Readers see a commit (HEAD unless a revision is named), never the working tree: an uncommitted
+hand edit is not served, and writers refuse to commit on top of one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kernels.errors import RegistryError
 from kernels.registry.entry import Entry, Provenance, select_entry, sha256_text, utc_now
 from kernels.registry.loader import load_forward
 from kernels.registry.manifest import MANIFEST_NAME, atomic_write, parse_manifest, render_manifest
+from kernels.registry.revision import changed_paths, read_at, resolve
 
 log = logging.getLogger(__name__)
 
@@ -54,26 +57,40 @@ class Registry:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def entries(self) -> list[Entry]:
-        """All entries; an absent registry has none. A corrupt one raises RegistryError."""
+    def entries(self, revision: str | None = None) -> list[Entry]:
+        """All entries at `revision` (default HEAD); an absent registry has none. A corrupt one raises
+        RegistryError."""
         if not self.path.exists():
             return []
         if not self.path.is_dir():
             raise RegistryError(f"registry path {self.path} is not a directory")
-        if not self.manifest_path.exists():
+        if not (self.path / ".git").exists():
             if any(self.path.iterdir()):
-                raise RegistryError(f"{self.path} is not a kernel registry (no {MANIFEST_NAME})")
+                raise RegistryError(f"{self.path} is not a kernel registry (not a git repository with a {MANIFEST_NAME})")
             return []
-        try:
-            text = self.manifest_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RegistryError(f"registry manifest {self.manifest_path} is unreadable ({exc})") from None
-        return parse_manifest(text, str(self.manifest_path))
+        rev = self._revision(revision)
+        if rev is None:
+            return []
+        text = read_at(self.path, rev, MANIFEST_NAME)
+        if text is None:
+            raise RegistryError(f"{self.path} is not a kernel registry (commit {rev[:10]} has no {MANIFEST_NAME})")
+        return parse_manifest(text, f"{self.manifest_path}@{rev[:10]}")
+
+    def head(self) -> str | None:
+        """The commit the registry serves now (None before its first commit)."""
+        return self._revision(None) if (self.path / ".git").exists() else None
+
+    def uncommitted(self) -> list[str]:
+        """Files edited by hand and not committed (never served; writers refuse to run over them)."""
+        return changed_paths(self.path) if (self.path / ".git").exists() else []
 
     def find(self, entry_id: str) -> Entry:
         """The entry whose id (or a unique prefix of it) is `entry_id`."""
         matches = [e for e in self.entries() if e.id.startswith(entry_id)]
         if len(matches) != 1:
+            if not matches and (gone := self.removed_by(entry_id)) is not None:
+                raise RegistryError(f"entry {entry_id} is no longer in {self.path}: {gone.message.splitlines()[0]} "
+                                    f"({gone.sha[:10]}) removed it")
             what = "no entry" if not matches else f"{len(matches)} entries"
             raise RegistryError(f"{what} in {self.path} matches {entry_id!r}")
         return matches[0]
@@ -82,16 +99,19 @@ class Registry:
         """The entry serving this (op, device fingerprint, dtype, bucket); None means baseline."""
         return select_entry(self.entries(), op, device, dtype, bucket)
 
-    def source(self, entry: Entry) -> str:
-        try:
-            return (self.path / entry.source_path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RegistryError(f"{entry.id}: source {entry.source_path} is unreadable ({exc})") from None
+    def source(self, entry: Entry, revision: str | None = None) -> str:
+        """The entry's kernel source as commit `revision` (default HEAD) holds it."""
+        rev = self._revision(revision)
+        text = read_at(self.path, rev, entry.source_path) if rev is not None else None
+        if text is None:
+            raise RegistryError(f"{entry.id}: source {entry.source_path} is not in the registry's commit "
+                                f"{(rev or 'HEAD')[:10]}")
+        return text
 
-    def load(self, entry: Entry) -> Callable | None:
+    def load(self, entry: Entry, revision: str | None = None) -> Callable | None:
         """The entry's `forward`, or None (logged) when its source is missing, altered or broken."""
         try:
-            return load_forward(self.source(entry), entry.sha256, entry.id)
+            return load_forward(self.source(entry, revision), entry.sha256, entry.id)
         except RegistryError as exc:
             log.error("refusing registry kernel: %s; using the baseline", exc)
             return None
@@ -100,10 +120,35 @@ class Registry:
         if not (self.path / ".git").exists():
             return []
         repo = git.Repo(self.path)
-        return [
-            Commit(c.hexsha, c.message.strip(), c.committed_datetime.isoformat())
-            for c in repo.iter_commits(max_count=limit)
-        ]
+        try:
+            return [self._as_commit(c) for c in repo.iter_commits(max_count=limit)]
+        finally:
+            repo.close()
+
+    def added_by(self, entry: Entry) -> Commit:
+        """The oldest commit that made `entry` current."""
+        repo = git.Repo(self.path)
+        try:
+            return self._as_commit(self._commit_adding(repo, entry))
+        finally:
+            repo.close()
+
+    def removed_by(self, entry_id: str) -> Commit | None:
+        """The newest commit that dropped an entry whose id starts with `entry_id` (a rollback or a
+        replacement); None when no commit ever held such an entry."""
+        if not entry_id or not (self.path / ".git").exists():
+            return None
+        repo = git.Repo(self.path)
+        try:
+            for commit in repo.iter_commits(paths=MANIFEST_NAME):
+                if not commit.parents:
+                    continue
+                had = any(e.id.startswith(entry_id) for e in self._entries_at(commit.parents[0]).values())
+                if had and not any(e.id.startswith(entry_id) for e in self._entries_at(commit).values()):
+                    return self._as_commit(commit)
+            return None
+        finally:
+            repo.close()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -170,7 +215,16 @@ class Registry:
         fd = os.open(self.path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield self._open_or_init()
+            repo = self._open_or_init()
+            if dirty := self.uncommitted():
+                raise RegistryError(
+                    f"the registry at {self.path} has uncommitted changes ({', '.join(dirty[:3])}"
+                    f"{', ...' if len(dirty) > 3 else ''}); commit them or discard them with "
+                    f"`git -C {self.path} checkout -- .` (nothing was written)")
+            try:
+                yield repo
+            finally:
+                repo.close()
         finally:
             os.close(fd)  # closing releases the lock
 
@@ -191,18 +245,36 @@ class Registry:
 
     def _resolve_commit(self, repo: git.Repo, target: str) -> git.Commit:
         if any(e.id.startswith(target) for e in self.entries()):
-            entry = self.find(target)
-            # The oldest commit that introduced it: rolling back an entry means "stop using it",
-            # even when a later revert-of-a-revert brought it back.
-            for commit in reversed(list(repo.iter_commits(paths=MANIFEST_NAME))):
-                parent = self._entries_at(commit.parents[0]) if commit.parents else {}
-                if self._entries_at(commit).get(entry.key) == entry and parent.get(entry.key) != entry:
-                    return commit
-            raise RegistryError(f"no commit in {self.path} added {entry.id}")
+            return self._commit_adding(repo, self.find(target))
         try:
             return repo.commit(target)
         except (git.BadName, ValueError):
-            raise RegistryError(f"{target!r} is neither an entry id nor a commit of {self.path}") from None
+            pass
+        if (gone := self.removed_by(target)) is not None:
+            raise RegistryError(f"entry {target} is not in the registry any more: already rolled back or replaced by "
+                                f"{gone.sha[:10]} ({gone.message.splitlines()[0]}); nothing to do")
+        raise RegistryError(f"{target!r} is neither an entry id nor a commit of {self.path}")
+
+    def _commit_adding(self, repo: git.Repo, entry: Entry) -> git.Commit:
+        # The oldest commit that introduced it: rolling back an entry means "stop using it", even when
+        # a later revert-of-a-revert brought it back.
+        for commit in reversed(list(repo.iter_commits(paths=MANIFEST_NAME))):
+            parent = self._entries_at(commit.parents[0]) if commit.parents else {}
+            if self._entries_at(commit).get(entry.key) == entry and parent.get(entry.key) != entry:
+                return commit
+        raise RegistryError(f"no commit in {self.path} added {entry.id}")
+
+    def _revision(self, revision: str | None) -> str | None:
+        try:
+            return resolve(self.path, revision or "HEAD")
+        except RegistryError:
+            if revision is None:
+                return None  # a repository without commits yet
+            raise
+
+    @staticmethod
+    def _as_commit(commit: git.Commit) -> Commit:
+        return Commit(commit.hexsha, commit.message.strip(), commit.committed_datetime.isoformat())
 
     @staticmethod
     def _entries_at(commit: git.Commit) -> dict[tuple, Entry]:

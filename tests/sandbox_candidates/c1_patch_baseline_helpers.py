@@ -5,7 +5,7 @@ The candidate itself is honest but does the work twice, so it is about 2x slower
 it is accepted only if the sabotage reaches the baseline's timing. Its own launches use a block
 computed without the patched helper.
 """
-# expect: static=static runtime=not-faster|timeout
+# expect: static=static runtime=not-faster|timing-incomplete|timeout
 # timing: on
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""The timing phase of a correct candidate: A/B against the baseline, in rounds, every call checked.
+
+A mixin of `sandbox.runner.Sandbox` (which provides `options`, `progress`, `fingerprint`, `_spawn`,
+`_checked_call`, `_phase`, `_children`, `_budget`). The baseline (the registry's current choice for
+the device, dtype and bucket, else the op's own kernel) runs in its own runner and replayer, confined
+like a candidate. Timing has the rest of the candidate's budget (sandbox/budget.py); a candidate cut
+off here stays correct and is not accepted (`timing-incomplete`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from kernels.registry.entry import sha256_text
+from kernels.registry.store import Registry
+from kernels.roofline import device_rates
+from kernels.spec import OpSpec, parse_dtype
+from sandbox import judge as judging
+from sandbox import wire
+from sandbox.children import Child, Refused
+from sandbox.plan import trial_inputs
+from sandbox.verdict import Verdict
+
+CPU_ROUND_BUDGET_S = 0.1  # CPU: a timing round stops adding calls once each side has this much replay time
+
+
+class ABTiming:
+    options: Any  # the rest is Sandbox's, as described above
+    progress: Any
+    fingerprint: str
+    _budget: Any
+    _children: list[Child]
+    _deadline: float
+    _phase: str
+
+    def _baseline(self, spec: OpSpec, timing: dict, v: Verdict) -> tuple[str | None, str]:
+        """(source or None for the op's own kernel, label): the registry's current choice for the bucket
+        asked for (the CPU may time a smaller shape, sandbox.plan), else the op's own kernel."""
+        registry = Registry(self.options.registry)
+        if registry.exists():
+            bucket = spec.bucket(timing.get("asked_shape", timing["shape"]))
+            entry = registry.select(spec.name, self.fingerprint, timing["dtype"], bucket)
+            if entry is not None:
+                source = registry.source(entry)
+                if sha256_text(source) == entry.sha256:
+                    v.baseline = f"registry {entry.id}"
+                    return source, entry.id
+        v.baseline = "the op's baseline kernel"
+        return None, "baseline"
+
+    def _time(self, spec: OpSpec, timing: dict, v: Verdict, work: Path, runner: Child, replayer: Child) -> None:
+        self._deadline = self._budget.deadline  # what correctness left, at least timing's own share
+        for child in self._children:
+            child.deadline = self._deadline
+        rounds: list[dict[str, list[float]]] = []
+        try:
+            if not self._time_rounds(spec, timing, v, work, runner, replayer, rounds):
+                return
+        except wire.ChannelTimeout:
+            v.fail("timing-incomplete", self._budget.timing_cut(len(rounds), len(timing["rounds"])))
+            v.timing = {"shape": dict(timing["shape"]), "dtype": timing["dtype"], "rounds": len(rounds),
+                        "rounds_planned": len(timing["rounds"]), "cut_during": self._phase,
+                        "rounds_detail": [{"baseline_s": median(r["baseline"]), "candidate_s": median(r["candidate"])}
+                                          for r in rounds]}
+            v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
+            return
+        v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
+        mode = "replay, cuda events after an L2 flush" if self.options.device == "cuda" else \
+            "replay, judge's wall clock (cpu-interpreter)"
+        dtype = parse_dtype(timing["dtype"])
+        rates = device_rates(self.options.device, dtype)  # measured once per device, then cached
+        judging.judge_timing(v, spec, timing["shape"], dtype, rounds, self.options.min_gain, rates, mode)
+        if "asked_shape" in timing:
+            v.timing["asked_shape"] = timing["asked_shape"]
+
+    def _baseline_children(self, spec: OpSpec, timing: dict, v: Verdict, work: Path) -> tuple[Child, Child, str]:
+        base_source, base_label = self._baseline(spec, timing, v)
+        self._phase = "starting the baseline"
+        base_runner, load = self._spawn("run", spec, base_source, f"{base_label}.py", work / "base-runner")
+        base_replayer, rload = self._spawn("replay", spec, base_source, base_label, work / "base-replayer",
+                                           load.get("constants"))
+        if base_source is not None and not (load.get("ok") and rload.get("ok") and not load.get("violations")):
+            # A registry entry that no longer loads cannot be the baseline: time against the op's own kernel.
+            problem = str(load.get("violations") or load.get("error") or rload.get("error"))[:200]
+            v.baseline = f"the op's baseline kernel (registry {base_label} did not load: {problem})"
+            base_runner, load = self._spawn("run", spec, None, "baseline.py", work / "base-runner-2")
+            base_replayer, rload = self._spawn("replay", spec, None, "baseline", work / "base-replayer-2")
+        if not (load.get("ok") and rload.get("ok")):
+            raise Refused("crash", f"the timing baseline ({base_label}) did not load: "
+                           f"{str(load.get('error') or rload.get('error'))[:200]}")
+        return base_runner, base_replayer, base_label
+
+    def _time_rounds(self, spec: OpSpec, timing: dict, v: Verdict, work: Path, runner: Child, replayer: Child,
+                     rounds: list[dict[str, list[float]]]) -> bool:
+        """Round 0 warms both replayers (untimed), then the planned rounds, appended to `rounds` as they
+        finish. False when the candidate failed a timed call (the verdict says how)."""
+        base_runner, base_replayer, base_label = self._baseline_children(spec, timing, v, work)
+        sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
+        shape, dtype = timing["shape"], timing["dtype"]
+        for r, seeds in enumerate([[0]] + timing["rounds"]):
+            self._phase = f"timing round {r}/{len(timing['rounds'])}"
+            if r:
+                self.progress(self._phase)
+            order = ["baseline", "candidate"] if r % 2 else ["candidate", "baseline"]
+            samples: dict[str, list[float]] = {"baseline": [], "candidate": []}
+            for seed in seeds:
+                args = trial_inputs(spec, shape, dtype, seed, {})
+                expected = spec.reference(*args)
+                where = f"timing round {r} ({judging.label(shape, dtype)})"
+                for side in order:
+                    target = v if side == "candidate" else Verdict(op=spec.name, device="", file="", sha256="")
+                    seconds = self._checked_call(target, spec, *sides[side], where, args, expected, shape)
+                    if side == "baseline" and target.failure:
+                        raise Refused("crash", f"the timing baseline ({base_label}) failed: {target.reason}")
+                    if seconds is None:
+                        return False
+                    samples[side].append(seconds)
+                if self.options.device == "cpu" and min(sum(x) for x in samples.values()) > CPU_ROUND_BUDGET_S:
+                    break  # interpreted calls are slow and noisy alike: fewer of them per round, same rounds
+            if r:
+                rounds.append(samples)
+        return True
+

@@ -1,0 +1,75 @@
+"""The end-to-end gate's judgement: greedy, KL, and tokens/s measured alternately with an interval.
+
+Issue #14: a gate that compared one tokens/s figure before with one after rolled back good kernels
+whenever other work shared the cores. The speed rule must hold under load that drifts during the
+measurement, and still catch a real slowdown.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent.gate import GateConfig, alternate_speed, judge
+
+SUMMARY = {"greedy": [[1, 2, 3]], "kl": 1e-6, "tokens_per_second": 10.0}
+
+
+def _machine(slowdown: float, load: callable, seed: int = 0):  # noqa: ANN001
+    """tokens/s as a busy machine reports it: 100 at `before`, 100*slowdown at `after`, divided by the
+    load at the moment of the call (drifting) and +-15% noise."""
+    rng, calls, warmups = random.Random(seed), [], []
+
+    def measure_at(revision: str, warmup: bool = False) -> float:
+        calls.append(revision)
+        warmups.append(warmup)
+        true = 100.0 * (slowdown if revision == "after" else 1.0)
+        return true / load(len(calls)) * rng.uniform(0.85, 1.15)
+
+    measure_at.warmups = warmups
+    return measure_at, calls
+
+
+LOADS = {
+    "idle": lambda i: 1.0,
+    "a hog starts mid-gate": lambda i: 1.0 if i < 4 else 2.5,
+    "a hog stops mid-gate": lambda i: 2.5 if i < 4 else 1.0,
+    "load ramps": lambda i: 1.0 + 0.4 * i,
+}
+
+
+@pytest.mark.parametrize("load", LOADS, ids=list(LOADS))
+@pytest.mark.parametrize("seed", range(5))
+def test_an_unchanged_speed_passes_under_any_load(load: str, seed: int) -> None:
+    measure_at, calls = _machine(1.0, LOADS[load], seed)
+    speed = alternate_speed(measure_at, "before", "after", rounds=3)
+    result = judge(SUMMARY, SUMMARY, speed, GateConfig())
+    assert result.ok, result.reason
+    assert calls == ["before", "after", "after", "before", "before", "after"]  # alternated, order flipped
+    assert measure_at.warmups == [True, True, False, False, False, False]  # a commit's first visit only
+
+
+@pytest.mark.parametrize("load", ["idle", "load ramps"])
+def test_a_real_slowdown_fails_with_its_interval(load: str) -> None:
+    measure_at, _ = _machine(0.5, LOADS[load])
+    speed = alternate_speed(measure_at, "before", "after", rounds=3)
+    result = judge(SUMMARY, SUMMARY, speed, GateConfig())
+    assert not result.ok and "tokens/s dropped" in result.reason and "3 alternated rounds" in result.reason
+    assert result.tps_interval[1] < 0.9 and result.speed_rounds == 3
+
+
+def test_one_before_and_one_after_figure_would_have_failed() -> None:
+    """The old rule (after >= before * 0.9, one figure each) on the 'hog starts' load: the regression
+    this replaces."""
+    measure_at, _ = _machine(1.0, LOADS["a hog starts mid-gate"])
+    before, after = measure_at("before"), [measure_at("after") for _ in range(4)][-1]
+    assert after < before * 0.9
+
+
+def test_greedy_and_kl_are_judged_before_speed() -> None:
+    fast = {"before": [1.0], "after": [2.0], "ratios": [2.0], "ratio": 2.0, "interval": [2.0, 2.0]}
+    changed = judge(SUMMARY, {**SUMMARY, "greedy": [[1, 2, 4]]}, fast, GateConfig())
+    assert not changed.ok and "greedy output of prompt 0 changed" in changed.reason
+    worse = judge(SUMMARY, {**SUMMARY, "kl": 1e-3}, fast, GateConfig())
+    assert not worse.ok and "KL to the reference grew" in worse.reason

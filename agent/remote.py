@@ -43,9 +43,9 @@ class RemoteEngine:
         """The engine re-reads the registry at HEAD (or at commit `revision`); returns what changed."""
         return self._post("/kernels/reload", {"revision": revision} if revision else None).get("changed", {})
 
-    def measure(self, prompt_ids: list[list[int]], config: GateConfig) -> Measurement:
-        """The gate's measurement taken by the engine itself."""
-        best = self._post("/gate/measure", {"prompts": prompt_ids, "max_tokens": config.max_tokens})
+    def measure(self, prompt_ids: list[list[int]], config: GateConfig, warmup: bool = True) -> Measurement:
+        """The gate's measurement taken by the engine itself (after an untimed warm-up pass if asked)."""
+        best = self._post("/gate/measure", {"prompts": prompt_ids, "max_tokens": config.max_tokens, "warmup": warmup})
         vocab = best["vocab"]
         logprobs = [torch.from_numpy(np.frombuffer(base64.b64decode(b), dtype=np.float32).copy())
                     .reshape(-1, vocab).double() for b in best["logprobs"]]

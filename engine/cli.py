@@ -20,7 +20,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="DIR|NAME",
                    help="Hugging Face-format model directory, or a known model's name converted once into the "
                         "cache (smollm2) (default: the embedded model)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="weights and activations (default auto: float32 on CPU, the checkpoint's dtype on a GPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--kernels", default=None, choices=("reference", "baseline", "registry"),
                    help="reference torch ops (CPU default), baseline Triton kernels, or the registry's (GPU default)")
@@ -33,7 +34,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (intra- and inter-op), set before the engine is built (default: torch's)")
     p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
-    p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV cache of shared prompt prefixes")
 
 
 def positive_int(text: str) -> int:
@@ -137,12 +138,12 @@ def generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="engine", description="kernelloop's SGLang-style inference engine")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug output to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("serve", help="serve the OpenAI-compatible API")
     add_engine_args(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--stream-interval", type=positive_int, default=1, metavar="N",
                    help="streamed requests get a chunk every N tokens (the first at once); more than 1 spends "
                         "less of the CPU on the HTTP side under many streams (as SGLang's --stream-interval)")
@@ -152,11 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=serve)
     p = sub.add_parser("generate", help="complete one prompt and print the text")
     add_engine_args(p)
-    p.add_argument("prompt")
+    p.add_argument("prompt", help="the prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
     p.set_defaults(run=generate)
     return parser
 

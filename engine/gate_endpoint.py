@@ -1,9 +1,10 @@
 """`POST /gate/measure`: the quality gate's measurement, taken inside a serving engine.
 
-Body: {"prompts": [[token ids], ...], "max_tokens": N}. The prompts are decoded greedily (EOS
+Body: {"prompts": [[token ids], ...], "max_tokens": N, "warmup": true}. The prompts are decoded greedily (EOS
 ignored) alongside live traffic; the full next-token log-distribution at every generated position is
 captured through Engine.logits_hook. Reply: {"greedy": [[ids]], "tokens_per_second": x, "vocab": V,
-"logprobs": [base64 of float32 [positions, V] per prompt]}. One measurement at a time. A body of
+"logprobs": [base64 of float32 [positions, V] per prompt]}. One measurement at a time, after an untimed
+warm-up pass unless "warmup" is false (the gate warms each registry commit once, on its first visit). A body of
 another shape, or a prompt the engine refuses (ids out of range, longer than it serves), gets 400.
 """
 
@@ -29,8 +30,8 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_body(body: Any) -> tuple[list[list[int]], int]:
-    """(prompts, max_tokens) of a request body; APIError(400) naming what is wrong."""
+def check_body(body: Any) -> tuple[list[list[int]], int, bool]:
+    """(prompts, max_tokens, warmup) of a request body; APIError(400) naming what is wrong."""
     if not isinstance(body, dict):
         raise APIError(400, 'the body must be a JSON object like {"prompts": [[token ids], ...], "max_tokens": N}')
     prompts, max_tokens = body.get("prompts"), body.get("max_tokens", 6)
@@ -39,7 +40,10 @@ def check_body(body: Any) -> tuple[list[list[int]], int]:
         raise APIError(400, f"prompts: 1 to {MAX_PROMPTS} non-empty lists of token ids", param="prompts")
     if not _is_int(max_tokens) or not 0 < max_tokens <= MAX_TOKENS:
         raise APIError(400, f"max_tokens: an integer from 1 to {MAX_TOKENS}", param="max_tokens")
-    return prompts, max_tokens
+    warmup = body.get("warmup", True)
+    if not isinstance(warmup, bool):
+        raise APIError(400, "warmup: true or false", param="warmup")
+    return prompts, max_tokens, warmup
 
 
 async def submit_all(loop: EngineLoop, prompts: list[list[int]], params: SamplingParams,
@@ -58,7 +62,7 @@ async def submit_all(loop: EngineLoop, prompts: list[list[int]], params: Samplin
 
 
 async def measure(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, Any]:
-    prompts, max_tokens = check_body(body)
+    prompts, max_tokens, warmup = check_body(body)
     engine = loop.engine
     captured: dict[str, list[torch.Tensor]] = {}
 
@@ -75,11 +79,11 @@ async def measure(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, 
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     async with lock:
-        # Untimed first: a reloaded kernel's first call pays one-time costs (JIT, interpreter rewrite).
-        warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-        for _, queue in await submit_all(loop, prompts, warm):
-            while not (await queue.get()).finished:
-                pass
+        if warmup:  # untimed: a reloaded kernel's first call pays one-time costs (JIT, interpreter rewrite)
+            warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+            for _, queue in await submit_all(loop, prompts, warm):
+                while not (await queue.get()).finished:
+                    pass
         await loop.call(install)
         try:
             start = time.perf_counter()

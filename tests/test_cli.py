@@ -141,3 +141,28 @@ def test_ops_template_is_judged_correct(capsys, tmp_path):
                        "--dtypes", "float32")
     verdict = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and verdict["correct"], verdict["reason"]
+
+
+def _parsers(parser, path=()):  # noqa: ANN001
+    import argparse as _argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, _argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, path + (name,))
+
+
+@pytest.mark.parametrize("cli", ["agent", "engine"])
+def test_every_option_says_what_it_does(cli):
+    """Issue #14: several flags had no help text."""
+    import argparse as _argparse
+
+    if cli == "agent":
+        from agent.cli import build_parser
+    else:
+        from engine.cli import build_parser
+    missing = [f"{cli} {' '.join(path)} {'/'.join(a.option_strings) or a.dest}"
+               for path, parser in _parsers(build_parser()) for a in parser._actions
+               if not a.help and not isinstance(a, (_argparse._HelpAction, _argparse._SubParsersAction))]
+    assert not missing, missing

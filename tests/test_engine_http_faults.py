@@ -83,6 +83,7 @@ BAD = [
     ("POST", "/gate/measure", b'{"prompts": [[5, 1.5]]}', 400, "prompts"),
     ("POST", "/gate/measure", b'{"prompts": [[5]], "max_tokens": true}', 400, "max_tokens"),
     ("POST", "/gate/measure", b'{"prompts": [[5]], "max_tokens": 0}', 400, "max_tokens"),
+    ("POST", "/gate/measure", b'{"prompts": [[5]], "warmup": "no"}', 400, "warmup"),
     ("POST", "/gate/measure", b'[[5]]', 400, "JSON object"),
     ("POST", "/gate/measure", b'{"prompts": [[5]', 400, "malformed JSON"),
     # bodies no JSON parser should see through (was: {"detail": ...})

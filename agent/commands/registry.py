@@ -10,6 +10,7 @@ from kernels.errors import RegistryError
 from kernels.registry import Registry
 from kernels.registry.entry import sha256_text
 
+from agent.commands.tune_args import add_registry_argument
 from agent.render import console, print_json, print_table, warn
 
 
@@ -19,19 +20,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     def verb(name: str, help: str, run) -> argparse.ArgumentParser:
         v = verbs.add_parser(name, help=help)
-        v.add_argument("--registry", default=None, metavar="PATH",
-                       help="registry repository (default: $KERNELLOOP_REGISTRY or ~/.local/share/kernelloop/registry)")
+        add_registry_argument(v)
         v.set_defaults(run=run)
         return v
 
     v = verb("list", "entries, one per (op, device, dtype, shape bucket)", run_list)
-    v.add_argument("--op", default=None)
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--op", default=None, help="only this op's entries")
+    v.add_argument("--json", action="store_true", help="print one JSON document")
     v = verb("show", "one entry with its provenance and source", run_show)
     v.add_argument("entry", help="entry id (or a unique prefix)")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true", help="print one JSON document (with the source and its hash check)")
     v = verb("log", "the registry's commits, newest first", run_log)
-    v.add_argument("--limit", type=int, default=20)
+    v.add_argument("--limit", type=int, default=20, help="at most this many commits (default 20)")
     v = verb("rollback", "undo a commit (or the commit that added an entry) with a revert commit", run_rollback)
     v.add_argument("target", help="entry id or commit sha")
     v.add_argument("--engine", default=None, metavar="URL",

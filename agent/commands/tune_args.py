@@ -1,4 +1,5 @@
-"""The arguments `agent tune` and `agent daemon` share, declared once, and what they build from them."""
+"""Arguments declared once: those `agent tune` and `agent daemon` share (and what they build from
+them), and the registry and history paths every command that reads them takes."""
 
 from __future__ import annotations
 
@@ -38,8 +39,16 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gate-tps-tolerance", type=float, default=GateConfig.tps_tolerance, metavar="F",
                    help="end-to-end gate: roll back only when the whole interval of tokens/s after/before is below "
                         f"1 - F (default {GateConfig.tps_tolerance})")
+    add_registry_argument(p)
+    add_history_argument(p)
+
+
+def add_registry_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--registry", default=None, metavar="PATH",
                    help="kernel registry (default: $KERNELLOOP_REGISTRY or ~/.local/share/kernelloop/registry)")
+
+
+def add_history_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--history", default=None, metavar="PATH",
                    help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
 

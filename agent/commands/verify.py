@@ -11,6 +11,7 @@ import sys
 
 import httpx
 
+from agent.commands.tune_args import add_history_argument, add_registry_argument
 from agent.render import print_json, print_table
 from agent.verify import verify_registry
 from history import History
@@ -24,10 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     p.add_argument("--rollback", action="store_true", help="roll back entries that regressed")
     p.add_argument("--engine", default=None, metavar="URL", help="ask this engine to reload its kernels afterwards")
-    p.add_argument("--registry", default=None, metavar="PATH")
-    p.add_argument("--history", default=None, metavar="PATH")
+    add_registry_argument(p)
+    add_history_argument(p)
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per entry (default 180)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
 
 

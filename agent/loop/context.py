@@ -73,8 +73,8 @@ class LoopContext:
         return self.measure_engine(warmup).tokens_per_second
 
     def measure_engine(self, warmup: bool = True) -> Measurement:
-        if self.remote is not None:  # the engine's /gate/measure warms up by itself
-            return self.remote.measure(prompt_ids(self.reference, self.gate.prompts), self.gate)
+        if self.remote is not None:
+            return self.remote.measure(prompt_ids(self.reference, self.gate.prompts), self.gate, warmup)
         return measure(self.engine, self.gate, warmup)
 
     def measure_reference(self) -> Measurement:

@@ -136,8 +136,9 @@ def mean_kl(reference: Measurement, other: Measurement) -> float:
 
 
 def summary(reference: Measurement, measured: Measurement) -> dict[str, Any]:
-    """What the gate keeps of one measurement (plain JSON, so a checkpoint can hold it)."""
-    return {"greedy": measured.greedy, "kl": mean_kl(reference, measured), "tokens_per_second": measured.tokens_per_second}
+    """What the gate keeps of one measurement (plain JSON, so a checkpoint can hold it); its speed is
+    judged from `alternate_speed()`, not from this one figure."""
+    return {"greedy": measured.greedy, "kl": mean_kl(reference, measured)}
 
 
 def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], config: GateConfig) -> GateResult:

@@ -27,7 +27,7 @@ from agent.gate import GateConfig
 from agent.loop.context import LoopContext
 from agent.loop.graph import checkpointed_op, run_tune, unfinished_run, unfinished_runs
 from agent.loop.state import TuneSettings
-from agent.proposers.prompts import PROPOSAL_STAGE
+from history.queries import PROPOSAL_STAGE
 from agent.remote import RemoteEngine
 from agent.render import print_json, print_table
 from history import History

@@ -22,7 +22,7 @@ from agent.loop.context import LoopContext
 from agent.loop.state import TuneSettings, TuneState
 from agent.loop.target import choose_target, op_shapes
 from agent.proposers.base import Proposal, TuneContext
-from agent.proposers.prompts import PROPOSAL_FAILURES, PROPOSAL_STAGE, proposal_verdict
+from agent.proposers.feedback import PROPOSAL_FAILURES, PROPOSAL_STAGE, proposal_verdict
 from kernels.device import device_fingerprint
 from kernels.ops import get_op
 from kernels.registry.entry import Provenance, sha256_text

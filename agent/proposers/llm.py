@@ -8,7 +8,7 @@ budget ran out).
 
 A weak model's unusable answers (no code block, cut off by max_tokens, an unfinished code block) are
 not candidates: `propose()` returns the candidates and leaves each unusable answer, with its proposal
-verdict (prompts.proposal_verdict), in `rejected`; the tune loop records both in history and passes
+verdict (feedback.proposal_verdict), in `rejected`; the tune loop records both in history and passes
 both back as feedback. A model whose context window cannot hold the full task (the endpoint answers
 400 about the prompt's length) gets the compact task (prompts.compact_task_prompt) from then on.
 
@@ -32,8 +32,8 @@ from typing import Any
 import openai
 
 from agent.proposers.base import Proposal, TuneContext
-from agent.proposers.prompts import (PROPOSAL_STAGE, SYSTEM_PROMPT, compact_task_prompt, feedback_text,
-                                     next_round_text, proposal_verdict, task_prompt)
+from agent.proposers.feedback import PROPOSAL_STAGE, feedback_text, next_round_text, proposal_verdict
+from agent.proposers.prompts import SYSTEM_PROMPT, compact_task_prompt, task_prompt
 from kernels.errors import KernelloopError
 
 __all__ = ["LLMEndpointError", "LLMProposer", "classify_answer", "extract_code", "feedback_text"]
@@ -103,7 +103,7 @@ def _parses(code: str) -> str | None:
 def classify_answer(text: str, finish_reason: str | None, max_tokens: int | None = None,
                     tool_call: bool = False) -> tuple[str | None, str | None, str]:
     """(source, None, "") for an answer holding a module, else (None, failure, reason) with failure one of
-    no-code, cut-off, truncated (prompts.PROPOSAL_FAILURES). A closed code block is a module (the
+    no-code, cut-off, truncated (feedback.PROPOSAL_FAILURES). A closed code block is a module (the
     sandbox judges its syntax and signature); so is an unfenced answer that parses and defines forward."""
     source = extract_code(text)
     if source is not None:

@@ -15,14 +15,11 @@ import json
 import re
 from typing import Any, Iterable
 
-from history.queries import PROPOSAL_STAGE
 from kernels.ops import get_op
 from sandbox.static_check import ALLOWED_IMPORTS
-from sandbox.verdict import CORRECT_FAILURES
 
 MAX_FAILURES_SHOWN = 4     # earlier failed attempts from history quoted in the task
 MAX_SHAPES_SHOWN = 8
-MAX_LOG_CHARS = 600        # of a verdict's log_tail quoted back (load errors, tracebacks)
 
 SYSTEM_PROMPT = (
     "You are an expert GPU kernel engineer who writes Triton kernels for LLM inference. "
@@ -47,7 +44,7 @@ GPU_FACTS = (
 )
 
 
-def _gb(bytes_per_s: Any) -> str:
+def gb_per_s(bytes_per_s: Any) -> str:
     try:
         return f"{float(bytes_per_s) / 1e9:.1f} GB/s"
     except (TypeError, ValueError):
@@ -59,7 +56,7 @@ def device_facts(device: str, roofline: dict | None = None) -> str:
     if device.lower().startswith("cpu"):
         return CPU_FACTS
     bw = (roofline or {}).get("device_bytes_per_s")
-    return GPU_FACTS.format(device=device, bandwidth=f" ({_gb(bw)} copy bandwidth)" if bw else "")
+    return GPU_FACTS.format(device=device, bandwidth=f" ({gb_per_s(bw)} copy bandwidth)" if bw else "")
 
 
 def candidate_rules(op: str) -> str:
@@ -216,11 +213,11 @@ def roofline_text(roofline: dict | None) -> str:
     r = roofline or {}
     parts = []
     if r.get("bytes_per_s") is not None:
-        parts.append(f"the current kernel moves {_gb(r['bytes_per_s'])}")
+        parts.append(f"the current kernel moves {gb_per_s(r['bytes_per_s'])}")
     if r.get("roofline_pct") is not None:
         parts.append(f"{float(r['roofline_pct']):.1f}% of the roofline")
     if r.get("device_bytes_per_s") is not None:
-        parts.append(f"device copy bandwidth {_gb(r['device_bytes_per_s'])}")
+        parts.append(f"device copy bandwidth {gb_per_s(r['device_bytes_per_s'])}")
     return ("Roofline: " + "; ".join(parts) + ".") if parts else "Roofline: not measured yet."
 
 
@@ -292,128 +289,3 @@ def compact_task_prompt(ctx: Any) -> str:
         f"may only allocate); imports: {', '.join(sorted(ALLOWED_IMPORTS))}; mask every tl.load and tl.store.",
         "Reply with the complete module in one ```python block.",
     ])
-
-
-# -- feedback ------------------------------------------------------------------------------------
-
-# Answers that never reached the sandbox get a verdict of their own (stage "proposal"), recorded in
-# history and told back like the sandbox's. The sandbox's failure codes are sandbox.verdict.FAILURES.
-# PROPOSAL_STAGE (from history.queries): the stage of a verdict for an answer never judged (no usable module, a repeat)
-PROPOSAL_FAILURES = (
-    "no-code",     # the answer holds no code block (prose, an empty answer, a tool call without source)
-    "cut-off",     # max_tokens cut the answer (finish_reason "length") before a complete code block
-    "truncated",   # the answer ended inside its code block: never closed, and the code does not parse
-    "duplicate",   # the same module as an earlier candidate of this run: not judged again
-)
-
-
-def proposal_verdict(failure: str, reason: str, **extra: Any) -> dict:
-    """The verdict record of an answer that never reached the sandbox (the shape of Verdict.to_json())."""
-    assert failure in PROPOSAL_FAILURES, failure
-    return {"correct": False, "accepted": False, "speedup": None, "speedup_interval": None, "failure": failure,
-            "reason": reason, "stage": PROPOSAL_STAGE, "baseline": None, "timing": {}, "checks": [],
-            "log_tail": "", "duration_s": 0.0, **extra}
-
-
-HINTS = {
-    "static": "Fix that line; the module is checked before it runs (imports, names, attributes, forward's signature).",
-    "load": "The module must import cleanly: check syntax, names and @triton.jit signatures.",
-    "sandbox-violation": "The sandbox blocks files, sockets, processes, threads and imports outside the allowlist.",
-    "crash": "The process died: usually an out-of-bounds access (mask every load and store) or a bad pointer.",
-    "timeout": "It ran past the time limit: too many program instances or an endless loop.",
-    "memory": "It ran out of memory: allocate only the outputs (and small scratch).",
-    "raised": "forward raised: handle every shape and dtype the op is called with.",
-    "bad-output": "Return new tensors of the op's count, shapes, dtype and device.",
-    "aliasing": "Outputs must be freshly allocated, never views of inputs.",
-    "input-mutated": "Never write into an input; store only to tensors you allocated.",
-    "mismatch": "Load, then .to(tl.float32) before arithmetic; mask loads with other=0.0; write every output element.",
-    "nondeterministic": "Avoid atomics or any order-dependent accumulation; two calls must give identical bits.",
-    "torch-compute": "Only allocation and views may use torch; compute everything in Triton kernels.",
-    "no-triton": "forward must launch a Triton kernel.",
-    "untraceable": "Define every @triton.jit kernel at the module's top level, pass only inputs and tensors "
-                   "allocated inside forward to kernels, and keep module constants plain numbers.",
-    "launch-independent": "The result must come from your Triton kernels alone: replaying them must give the same bits.",
-    "compile-target": "It must compile for the GPU target without spilling registers or exceeding shared memory: "
-                      "use more warps or smaller blocks (loop over long rows in chunks).",
-    "not-faster": "Correct, but not faster: change the strategy (grid size, block shape, fewer passes over memory).",
-    "timing-incomplete": "Correct, but its timing did not finish within the budget: make it cheaper to run "
-                         "(fewer programs, less work per call).",
-    "impossible-speedup": "The timing looked faster than the hardware allows; do not cache or skip work.",
-    "no-code": "Reply with the complete module in one ```python fenced block.",
-    "cut-off": "Be brief: no explanation, only the module in one ```python block, well within the token limit.",
-    "truncated": "Write the whole module and close its ```python block with ```.",
-    "duplicate": "It was judged already; change the approach instead of sending it again.",
-}
-
-
-def _fmt_s(seconds: Any) -> str:
-    try:
-        s = float(seconds)
-    except (TypeError, ValueError):
-        return str(seconds)
-    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms"
-
-
-def timing_text(verdict: dict) -> str:
-    """Speedup, interval, times and roofline of a verdict that reached timing ('' if none)."""
-    parts = []
-    speedup, interval = verdict.get("speedup"), verdict.get("speedup_interval")
-    if speedup is not None:
-        s = f"speedup {float(speedup):.3f}x"
-        if interval and len(interval) == 2:
-            s += f" (95% interval [{float(interval[0]):.3f}, {float(interval[1]):.3f}])"
-        parts.append(s + f" over {verdict.get('baseline') or 'baseline'}")
-    t = verdict.get("timing") or {}
-    if t.get("candidate_s") is not None and t.get("baseline_s") is not None:
-        parts.append(f"yours {_fmt_s(t['candidate_s'])} vs baseline {_fmt_s(t['baseline_s'])} per call"
-                     + (f" at {json.dumps(t['shape'], sort_keys=True)} {t.get('dtype', '')}".rstrip() if t.get("shape") else ""))
-    if t.get("achieved_bytes_per_s") is not None:
-        s = f"achieved {_gb(t['achieved_bytes_per_s'])}"
-        if t.get("roofline_fraction") is not None:
-            s += f" = {100 * float(t['roofline_fraction']):.1f}% of roofline"
-        if t.get("copy_bandwidth_bytes_per_s"):
-            s += f" (copy bandwidth {_gb(t['copy_bandwidth_bytes_per_s'])})"
-        parts.append(s)
-    return ("Timing: " + "; ".join(parts) + ".") if parts else ""
-
-
-def feedback_text(verdict: dict) -> str:
-    """What the sandbox said about one candidate, as the next user turn of the conversation."""
-    failure = verdict.get("failure")
-    reason = str(verdict.get("reason") or "").strip()
-    lines: list[str] = []
-    if failure is None and verdict.get("accepted"):
-        lines.append(f"Accepted: {reason}" if reason else "Accepted.")
-    elif failure == "static":
-        lines.append(f"Rejected by the static check: {reason}")
-    elif failure == "load":
-        lines.append(f"Compile/import error: {reason}")
-    elif failure in ("sandbox-violation", "crash", "timeout", "memory"):
-        lines.append(f"Runtime violation ({failure}): {reason}")
-    elif failure == "mismatch":
-        lines.append(f"Wrong results (mismatch): {reason}")
-    elif failure in CORRECT_FAILURES:
-        lines.append(f"Correct, but rejected ({failure}): {reason}")
-    elif failure in ("no-code", "cut-off", "truncated"):
-        lines.append(f"Nothing could be judged ({failure}): {reason}")
-    elif failure == "duplicate":
-        lines.append(f"Not judged again (duplicate): {reason}")
-    elif failure:
-        lines.append(f"Rejected ({failure}): {reason}")
-    else:
-        lines.append(f"Not accepted: {reason}" if reason else "Not accepted.")
-    if failure in ("load", "raised", "crash") and verdict.get("log_tail"):
-        tail = str(verdict["log_tail"]).strip()[-MAX_LOG_CHARS:]
-        lines.append("Last output of the candidate's process:\n```\n" + tail + "\n```")
-    timing = timing_text(verdict)
-    if timing:
-        lines.append(timing)
-    if failure in HINTS:
-        lines.append("Hint: " + HINTS[failure])
-    return "\n".join(lines)
-
-
-def next_round_text(feedback: str) -> str:
-    """A feedback user turn: the verdict, then the request for a better module."""
-    return feedback + "\n\nWrite an improved, complete module in one ```python block."
-

@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from kernels.errors import KernelloopError
+from kernelloop.kernels.errors import KernelloopError
 
-from agent.commands import check, daemon, history, ops, pr, profile, registry, report, tune, verify
+from kernelloop.agent.commands import check, daemon, history, ops, pr, profile, registry, report, tune, verify
 
 COMMANDS = (ops, check, profile, tune, daemon, verify, pr, registry, history, report)
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from agent.loop.context import LoopContext
-from agent.loop.graph import run_tune, unfinished_run
-from agent.loop.state import TuneSettings
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.graph import run_tune, unfinished_run
+from kernelloop.agent.loop.state import TuneSettings
 
 log = logging.getLogger("kernelloop.daemon")
 

@@ -27,9 +27,9 @@ from typing import Any, Callable
 
 import torch
 
-from engine.engine import Engine
-from engine.sampling import SamplingParams
-from kernels.stats import median_interval
+from kernelloop.engine.engine import Engine
+from kernelloop.engine.sampling import SamplingParams
+from kernelloop.kernels.stats import median_interval
 
 GATE_PROMPTS = (
     "What is 3 plus 4?",

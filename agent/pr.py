@@ -22,13 +22,13 @@ from typing import Any
 
 import git
 
-from agent.pr_body import EXPORT_DIR, branch_name, render_body, title_for
-from agent.pr_github import DEFAULT_GITHUB_API, PrError, check_slug, github_slug, one_line, open_pull_request
-from history import History, default_history_path
-from kernels.errors import RegistryError
-from kernels.registry import Registry
-from kernels.registry.entry import Entry
-from kernels.registry.manifest import MANIFEST_NAME, parse_manifest
+from kernelloop.agent.pr_body import EXPORT_DIR, branch_name, render_body, title_for
+from kernelloop.agent.pr_github import DEFAULT_GITHUB_API, PrError, check_slug, github_slug, one_line, open_pull_request
+from kernelloop.history import History, default_history_path
+from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.registry import Registry
+from kernelloop.kernels.registry.entry import Entry
+from kernelloop.kernels.registry.manifest import MANIFEST_NAME, parse_manifest
 
 AUTHOR_NAME, AUTHOR_EMAIL = "kernelloop", "kernelloop@localhost"
 NOTHING_NEW = "nothing to propose: every registry entry has been proposed"

@@ -7,12 +7,12 @@ import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from agent.pr_github import one_line
-from kernels.registry.entry import Entry
-from kernels.registry.manifest import MANIFEST_NAME
+from kernelloop.agent.pr_github import one_line
+from kernelloop.kernels.registry.entry import Entry
+from kernelloop.kernels.registry.manifest import MANIFEST_NAME
 
 if TYPE_CHECKING:
-    from agent.pr import Snapshot
+    from kernelloop.agent.pr import Snapshot
 
 EXPORT_DIR = "kernelloop/registry"
 

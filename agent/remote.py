@@ -9,10 +9,10 @@ import httpx
 import numpy as np
 import torch
 
-from agent.gate import GateConfig, Measurement
-from kernels.errors import KernelloopError
-from profiler.http import profile_url
-from profiler.workload import WorkloadRequest
+from kernelloop.agent.gate import GateConfig, Measurement
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.profiler.http import profile_url
+from kernelloop.profiler.workload import WorkloadRequest
 
 
 class RemoteEngine:

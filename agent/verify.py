@@ -13,12 +13,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from history import History
-from kernels.device import device_fingerprint
-from kernels.ops import get_op
-from kernels.registry import Registry
-from kernels.registry.entry import ANY_BUCKET, Entry
-from sandbox import CheckOptions, Sandbox
+from kernelloop.history import History
+from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.registry import Registry
+from kernelloop.kernels.registry.entry import ANY_BUCKET, Entry
+from kernelloop.sandbox import CheckOptions, Sandbox
 
 
 def bucket_shape(entry: Entry) -> dict[str, int] | None:

@@ -26,7 +26,7 @@ import torch
 
 from bench.http_load import EngineServer, PlannedRequest, RequestResult, send_all, send_one_by_one
 from bench.report import print_table, write_report
-from profiler.workload import agent_workload
+from kernelloop.profiler.workload import agent_workload
 
 OUTPUT_LENGTHS = (8, 64)  # each request's output length is drawn from this range
 
@@ -113,9 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import LlamaForCausalLM
 
-    from engine.cpu_allocator import keep_freed_memory
-    from engine.model_source import resolve_model_dir
-    from engine.tokenizer import Tokenizer
+    from kernelloop.engine.cpu_allocator import keep_freed_memory
+    from kernelloop.engine.model_source import resolve_model_dir
+    from kernelloop.engine.tokenizer import Tokenizer
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # the engine's malloc settings for transformers too: only the serving differs

@@ -18,8 +18,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from kernels.models import DECODE_TOKENS, MODELS, ModelDims
-from kernels.spec import OpSpec, Shape, pick_shapes
+from kernelloop.kernels.models import DECODE_TOKENS, MODELS, ModelDims
+from kernelloop.kernels.spec import OpSpec, Shape, pick_shapes
 
 FIRST_OPS = ("decode_attention", "linear", "extend_attention")  # the tl.dot kernels
 FOCUS_MODEL = "llama-3-8b"
@@ -41,7 +41,7 @@ def model(name: str) -> ModelDims:
 
 def linear_shapes(spec: OpSpec, m: ModelDims, tokens: Sequence[int]) -> list[Shape]:
     """m's projections at each token count, as kernels/ops/linear.py lists them (engine shapes only)."""
-    from kernels.ops.linear import VOCAB
+    from kernelloop.kernels.ops.linear import VOCAB
 
     projections = (((m.q_heads + 2 * m.kv_heads) * m.head_dim, m.hidden), (m.hidden, m.q_heads * m.head_dim),
                    (2 * m.intermediate, m.hidden), (m.hidden, m.intermediate), (VOCAB[m.name], m.hidden))

@@ -31,12 +31,12 @@ from typing import Any, Iterable  # noqa: E402
 import torch  # noqa: E402
 
 from bench.report import print_table, write_report  # noqa: E402
-from kernels.errors import KernelloopError  # noqa: E402
-from kernels.models import MODELS  # noqa: E402
-from kernels.ops import OPS, get_op  # noqa: E402
-from kernels.registry.entry import sha256_text  # noqa: E402
-from kernels.registry.loader import load_forward  # noqa: E402
-from kernels.target_compile import (CompileResult, Launch, capture_launches, compile_launch, launch_key,  # noqa: E402
+from kernelloop.kernels.errors import KernelloopError  # noqa: E402
+from kernelloop.kernels.models import MODELS  # noqa: E402
+from kernelloop.kernels.ops import OPS, get_op  # noqa: E402
+from kernelloop.kernels.registry.entry import sha256_text  # noqa: E402
+from kernelloop.kernels.registry.loader import load_forward  # noqa: E402
+from kernelloop.kernels.target_compile import (CompileResult, Launch, capture_launches, compile_launch, launch_key,  # noqa: E402
                                     meta_inputs, parse_targets)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -85,7 +85,7 @@ def baseline_launches(ops: list[str]) -> Collected:
 
 def _model_dims(model: Any) -> set[int]:
     """Every projection size of `model` (linear's n and k)."""
-    from kernels.ops.linear import VOCAB
+    from kernelloop.kernels.ops.linear import VOCAB
 
     hd = model.head_dim
     return {model.hidden, model.intermediate, 2 * model.intermediate, model.q_heads * hd,
@@ -113,7 +113,7 @@ def template_shapes(op: str) -> list[dict[str, int]]:
 
 
 def template_configs(op: str) -> list[dict[str, Any]]:
-    from agent.proposers.templates import module_for
+    from kernelloop.agent.proposers.templates import module_for
 
     configs = []
     for template, domain in module_for(op).DOMAINS.items():
@@ -124,7 +124,7 @@ def template_configs(op: str) -> list[dict[str, Any]]:
 
 def template_launches(ops: list[str]) -> tuple[Collected, list[dict[str, Any]]]:
     """Launches of every template configuration, and the configurations that failed before compiling."""
-    from agent.proposers.templates import OP_NAMES, module_for
+    from kernelloop.agent.proposers.templates import OP_NAMES, module_for
 
     found: Collected = {}
     broken = []

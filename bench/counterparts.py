@@ -21,8 +21,8 @@ from typing import Any, Callable, ContextManager
 import torch
 import torch.nn.functional as F
 
-from kernels.precision import full_precision_matmuls
-from kernels.spec import OpSpec
+from kernelloop.kernels.precision import full_precision_matmuls
+from kernelloop.kernels.spec import OpSpec
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-import kernels
+from kernelloop import kernels
 import torch
-from kernels.dispatch import Dispatcher
-from kernels.registry import Registry
+from kernelloop.kernels.dispatch import Dispatcher
+from kernelloop.kernels.registry import Registry
 
 from bench.report import print_table, write_report
 

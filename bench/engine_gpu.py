@@ -25,13 +25,13 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-import kernels  # noqa: F401  (configures Triton)
+from kernelloop import kernels  # noqa: F401  (configures Triton)
 from bench.rehearse import TINY_LLAMA, step_device, synchronize
 from bench.report import print_table, write_report
-from engine.engine import Engine, EngineConfig
-from engine.sampling import SamplingParams
-from engine.scheduler import SchedulerConfig
-from kernels.timing import measure_copy_bandwidth
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.sampling import SamplingParams
+from kernelloop.engine.scheduler import SchedulerConfig
+from kernelloop.kernels.timing import measure_copy_bandwidth
 
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,

@@ -21,11 +21,11 @@ from typing import Sequence
 
 import torch
 
-import kernels  # noqa: F401  (configures Triton)
+from kernelloop import kernels  # noqa: F401  (configures Triton)
 from bench.http_load import EngineServer, PlannedRequest, send_all
 from bench.report import print_table, write_report
-from engine.engine import Engine, EngineConfig
-from engine.sampling import SamplingParams
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.sampling import SamplingParams
 
 TOPICS = ["the red fox", "a small boat", "the old tree", "my sister", "the blue car", "a tall tower", "the cat",
           "our garden", "the river", "a green bird", "the library", "the baker", "a snowy hill", "the moon",

@@ -48,7 +48,7 @@ class EngineServer:
     """`engine serve` in a subprocess on a free port; a context manager yielding its base URL."""
 
     def __init__(self, model: str | None = None, threads: int | None = None, extra: Sequence[str] = ()):
-        self.args = [sys.executable, "-m", "engine.cli", "serve", "--served-model-name", SERVED_NAME, *extra]
+        self.args = [sys.executable, "-m", "kernelloop.engine.cli", "serve", "--served-model-name", SERVED_NAME, *extra]
         if model:
             self.args += ["--model", model]
         if threads:

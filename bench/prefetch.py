@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from kernels.spec import OpSpec, Shape
+from kernelloop.kernels.spec import OpSpec, Shape
 
 Job = tuple[OpSpec, Shape, torch.dtype]
 

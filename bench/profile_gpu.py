@@ -25,17 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import kernels  # noqa: F401  (configures Triton)
+from kernelloop import kernels  # noqa: F401  (configures Triton)
 from bench.engine_gpu import LLAMA3_8B
 from bench.rehearse import CHAT_TEMPLATE, TINY_LLAMA, step_device, write_chat_model_dir
 from bench.report import print_table, write_report
-from engine.engine import Engine, EngineConfig
-from engine.recorder import replay_timing
-from engine.scheduler import SchedulerConfig
-from profiler.inprocess import profile_engine
-from profiler.ncu import availability as ncu_availability
-from profiler.ncu import ncu_metrics
-from profiler.workload import WorkloadRequest, agent_workload
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.recorder import replay_timing
+from kernelloop.engine.scheduler import SchedulerConfig
+from kernelloop.profiler.inprocess import profile_engine
+from kernelloop.profiler.ncu import availability as ncu_availability
+from kernelloop.profiler.ncu import ncu_metrics
+from kernelloop.profiler.workload import WorkloadRequest, agent_workload
 
 __all__ = ["CHAT_TEMPLATE", "main"]  # CHAT_TEMPLATE: re-exported for bench.tune_gpu (bench.rehearse owns it)
 STEP = "bench.profile_gpu"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.device import triton_interpreted
+from kernelloop.kernels.device import triton_interpreted
 
 # A Llama-architecture model small enough for the interpreter, shaped like the real ones: GQA
 # (4 query heads over 2 KV heads), head_dim 32, untied embeddings, a byte-level vocabulary.

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import triton
 
-from kernels.device import CPU_INTERPRETER, device_fingerprint
+from kernelloop.kernels.device import CPU_INTERPRETER, device_fingerprint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT_DIR = REPO_ROOT / "docs" / "benchmarks"

@@ -31,12 +31,12 @@ from typing import Any, Callable
 
 import torch
 
-import kernels  # noqa: F401  (configures Triton)
+from kernelloop import kernels  # noqa: F401  (configures Triton)
 from bench.rehearse import step_device, synchronize
 from bench.report import print_table, write_report
-from kernels.ops import get_op
-from kernels.timing import summarize, time_calls
-from sandbox import CheckOptions, Sandbox, Verdict, static_check
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.timing import summarize, time_calls
+from kernelloop.sandbox import CheckOptions, Sandbox, Verdict, static_check
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 NO_REGISTRY = Path("/nonexistent-kernelloop-registry")  # the op's own kernel is every case's baseline

@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-import kernels  # noqa: F401  (configures Triton: the interpreter on CPU)
-from sandbox import CheckOptions, Sandbox
+from kernelloop import kernels  # noqa: F401  (configures Triton: the interpreter on CPU)
+from kernelloop.sandbox import CheckOptions, Sandbox
 
 from bench.report import print_table, write_report
 

@@ -27,19 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import kernels  # noqa: F401  (configures Triton)
-from agent.gate import GATE_PROMPTS, GateConfig
-from agent.loop.context import LoopContext
-from agent.loop.graph import run_tune
-from agent.loop.state import TuneSettings
-from agent.proposers.search import SearchProposer
+from kernelloop import kernels  # noqa: F401  (configures Triton)
+from kernelloop.agent.gate import GATE_PROMPTS, GateConfig
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.graph import run_tune
+from kernelloop.agent.loop.state import TuneSettings
+from kernelloop.agent.proposers.search import SearchProposer
 from bench.baselines import gpu_order
 from bench.engine_gpu import LLAMA3_8B
 from bench.rehearse import TINY_LLAMA, step_device, synchronize, write_chat_model_dir
 from bench.report import print_table, write_report
-from history import History
-from kernels.registry import Registry
-from sandbox import CheckOptions, Sandbox
+from kernelloop.history import History
+from kernelloop.kernels.registry import Registry
+from kernelloop.sandbox import CheckOptions, Sandbox
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.batch import ForwardBatch
-from engine.memory import KVPool
-from kernels.dispatch import Dispatcher
+from kernelloop.engine.batch import ForwardBatch
+from kernelloop.engine.memory import KVPool
+from kernelloop.kernels.dispatch import Dispatcher
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch,

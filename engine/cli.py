@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from kernels.errors import KernelloopError
+from kernelloop.kernels.errors import KernelloopError
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -62,9 +62,9 @@ def set_threads(n: int | None) -> None:
 
 def engine_config(args: argparse.Namespace):
     set_threads(args.threads)
-    from engine.engine import EngineConfig
-    from engine.scheduler import SchedulerConfig
-    from kernels.device import resolve_device
+    from kernelloop.engine.engine import EngineConfig
+    from kernelloop.engine.scheduler import SchedulerConfig
+    from kernelloop.kernels.device import resolve_device
 
     device = resolve_device(args.device)
     kernels = args.kernels or ("registry" if device == "cuda" else "reference")
@@ -84,10 +84,10 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from engine.engine import Engine
-    from engine.loop import EngineLoop
-    from engine.model_source import KNOWN_MODELS
-    from engine.server import create_app
+    from kernelloop.engine.engine import Engine
+    from kernelloop.engine.loop import EngineLoop
+    from kernelloop.engine.model_source import KNOWN_MODELS
+    from kernelloop.engine.server import create_app
 
     engine = Engine(engine_config(args))
     # A known model answers to the name it was asked by (`--model smollm2`), a directory to its own name.
@@ -121,8 +121,8 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
-    from engine.engine import Engine
-    from engine.sampling import SamplingParams
+    from kernelloop.engine.engine import Engine
+    from kernelloop.engine.sampling import SamplingParams
 
     engine = Engine(engine_config(args))
     if args.chat:

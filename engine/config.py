@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engine.errors import ModelLoadError
+from kernelloop.engine.errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 SUPPORTED_MODEL_TYPES = ("llama",)  # a missing model_type is taken as llama

@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import ModelLoadError
-from engine.gguf_fetch import WheelGguf, locate_gguf, sha256_file
+from kernelloop.engine.errors import ModelLoadError
+from kernelloop.engine.gguf_fetch import WheelGguf, locate_gguf, sha256_file
 
 CONVERT_FORMAT = 1  # bump whenever the written files change; older caches are then converted again
 MANIFEST = "kernelloop-manifest.json"

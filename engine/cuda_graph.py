@@ -16,10 +16,10 @@ import logging
 
 import torch
 
-from engine.batch import ForwardBatch
-from engine.memory import KVPool
-from engine.model import LlamaModel
-from kernels.dispatch import Dispatcher
+from kernelloop.engine.batch import ForwardBatch
+from kernelloop.engine.memory import KVPool
+from kernelloop.engine.model import LlamaModel
+from kernelloop.kernels.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 

@@ -15,25 +15,25 @@ from typing import Callable
 
 import torch
 
-from engine.batch import ForwardBatch
-from engine.config import ModelConfig, resolve_dtype
-from engine.cuda_graph import DecodeGraphs
-from engine.cpu_allocator import keep_freed_memory
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import EngineError
-from engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
-from engine.model import LlamaModel
-from engine.model_source import resolve_model_dir
-from engine.radix_cache import RadixCache
-from engine.recorder import Recorder, region
-from engine.request import Request
-from engine.sampler import Sampler, TokenLogprobs, make_generator
-from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from engine.tokenizer import Tokenizer
-from engine.weights import init_random_weights, load_weights
-from kernels.dispatch import Dispatcher
-from kernels.registry import Registry
+from kernelloop.engine.batch import ForwardBatch
+from kernelloop.engine.config import ModelConfig, resolve_dtype
+from kernelloop.engine.cuda_graph import DecodeGraphs
+from kernelloop.engine.cpu_allocator import keep_freed_memory
+from kernelloop.engine.detokenizer import IncrementalDetokenizer
+from kernelloop.engine.errors import EngineError
+from kernelloop.engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
+from kernelloop.engine.model import LlamaModel
+from kernelloop.engine.model_source import resolve_model_dir
+from kernelloop.engine.radix_cache import RadixCache
+from kernelloop.engine.recorder import Recorder, region
+from kernelloop.engine.request import Request
+from kernelloop.engine.sampler import Sampler, TokenLogprobs, make_generator
+from kernelloop.engine.sampling import SamplingParams
+from kernelloop.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from kernelloop.engine.tokenizer import Tokenizer
+from kernelloop.engine.weights import init_random_weights, load_weights
+from kernelloop.kernels.dispatch import Dispatcher
+from kernelloop.kernels.registry import Registry
 
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import torch
 
-from engine.engine import InvalidRequest
-from engine.loop import EngineLoop
-from engine.openai_api import APIError
-from engine.sampling import SamplingParams
+from kernelloop.engine.engine import InvalidRequest
+from kernelloop.engine.loop import EngineLoop
+from kernelloop.engine.openai_api import APIError
+from kernelloop.engine.sampling import SamplingParams
 
 MAX_PROMPTS = 16
 MAX_TOKENS = 64

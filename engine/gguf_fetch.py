@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import ModelLoadError
+from kernelloop.engine.errors import ModelLoadError
 
 PIP_TIMEOUT_S = 30  # per connection attempt; with 2 retries an unreachable index fails in ~1-2 min
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from engine.engine import Engine, StepOutput
-from engine.sampling import SamplingParams
+from kernelloop.engine.engine import Engine, StepOutput
+from kernelloop.engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

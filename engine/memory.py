@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig
+from kernelloop.engine.config import ModelConfig
 
 
 def slots_for_budget(config: ModelConfig, budget_bytes: int, dtype: torch.dtype) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.loop import EngineLoop
+    from kernelloop.engine.loop import EngineLoop
 
 
 def _escape(value: str) -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention import attention
-from engine.batch import ForwardBatch
-from engine.config import ModelConfig
-from engine.memory import KVPool
-from engine.rotary import cos_sin_cache
-from kernels.dispatch import Dispatcher
+from kernelloop.engine.attention import attention
+from kernelloop.engine.batch import ForwardBatch
+from kernelloop.engine.config import ModelConfig
+from kernelloop.engine.memory import KVPool
+from kernelloop.engine.rotary import cos_sin_cache
+from kernelloop.kernels.dispatch import Dispatcher
 
 
 class DecoderLayer:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.convert_gguf import GgufModel, ensure_converted
-from engine.errors import ModelLoadError
-from engine.gguf_fetch import WheelGguf
-from kernels.device import cache_root
+from kernelloop.engine.convert_gguf import GgufModel, ensure_converted
+from kernelloop.engine.errors import ModelLoadError
+from kernelloop.engine.gguf_fetch import WheelGguf
+from kernelloop.kernels.device import cache_root
 
 KNOWN_MODELS: dict[str, GgufModel] = {
     "smollm2": GgufModel(
@@ -34,7 +34,7 @@ KNOWN_MODELS: dict[str, GgufModel] = {
 
 def embedded_model_dir(root: Path | None = None) -> Path:
     """The embedded default model's directory, built on first use."""
-    from engine.embedded import ensure_embedded_model
+    from kernelloop.engine.embedded import ensure_embedded_model
 
     return ensure_embedded_model(root)
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.sampler import TokenLogprobs
-from engine.sampling import SamplingParams
+from kernelloop.engine.sampler import TokenLogprobs
+from kernelloop.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.engine import StepOutput
+    from kernelloop.engine.engine import StepOutput
 
 
 class APIError(Exception):

@@ -25,11 +25,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.openai_api import APIError
-from engine.recorder import Recorder
+from kernelloop.engine.openai_api import APIError
+from kernelloop.engine.recorder import Recorder
 
 if TYPE_CHECKING:
-    from engine.loop import EngineLoop
+    from kernelloop.engine.loop import EngineLoop
 
 DEFAULT_MAX_SECONDS = 300.0  # a GPU records an event pair per op call: bound what a forgotten profile holds
 MAX_MAX_SECONDS = 3600.0

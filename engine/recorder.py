@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 import torch
 
-from kernels.spec import OpSpec, dtype_name, parse_dtype
+from kernelloop.kernels.spec import OpSpec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
-    from kernels.dispatch import Dispatcher
+    from kernelloop.kernels.dispatch import Dispatcher
 
 STEP_REGIONS = ("schedule", "forward", "sample")  # direct parts of a step; the rest is Python overhead
 OP_TIMINGS = ("auto", "replay", "in-run")  # auto: replay on CUDA (with a dispatcher attached), in-run on CPU
@@ -225,7 +225,7 @@ def _serving_variant(dispatcher: "Dispatcher", spec: OpSpec, dtype: str, bucket:
 
 def _replay_one(fn: Callable[..., Any], args: tuple, device: torch.device, warmup: int, reps: int) -> float:
     """Median seconds per call of `fn(*args)` (kernels.timing: CUDA events after an L2 flush; perf_counter on CPU)."""
-    from kernels.timing import summarize, time_calls
+    from kernelloop.kernels.timing import summarize, time_calls
 
     return summarize(time_calls(lambda: fn(*args), device, warmup=warmup, reps=reps))["median"]
 

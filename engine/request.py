@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from engine.sampler import TokenLogprobs
-from engine.sampling import SamplingParams
+from kernelloop.engine.sampler import TokenLogprobs
+from kernelloop.engine.sampling import SamplingParams
 
 
 @dataclass(eq=False)

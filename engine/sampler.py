@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.sampling import SamplingParams
+from kernelloop.engine.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

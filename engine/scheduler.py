@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.memory import RequestSlots, SlotAllocator
-from engine.radix_cache import RadixCache
-from engine.request import Request
+from kernelloop.engine.memory import RequestSlots, SlotAllocator
+from kernelloop.engine.radix_cache import RadixCache
+from kernelloop.engine.request import Request
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.detokenizer import TokenBytes
-from engine.engine import InvalidRequest, StepOutput
-from engine.loop import EngineLoop, merge_outputs, next_output
-from engine.metrics import render_metrics
-from engine.openai_api import (APIError, Body, ChatReply, ChatRequest, CompletionReply, CompletionRequest, new_id,
+from kernelloop.engine.detokenizer import TokenBytes
+from kernelloop.engine.engine import InvalidRequest, StepOutput
+from kernelloop.engine.loop import EngineLoop, merge_outputs, next_output
+from kernelloop.engine.metrics import render_metrics
+from kernelloop.engine.openai_api import (APIError, Body, ChatReply, ChatRequest, CompletionReply, CompletionRequest, new_id,
                                parse_body, parse_request, usage, validation_error)
-from engine import gate_endpoint, reload_endpoint
-from engine.profiling import StepProfiler
-from engine.sampling import InvalidSamplingParams, SamplingParams
+from kernelloop.engine import gate_endpoint, reload_endpoint
+from kernelloop.engine.profiling import StepProfiler
+from kernelloop.engine.sampling import InvalidSamplingParams, SamplingParams
 
 log = logging.getLogger(__name__)
 

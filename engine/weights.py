@@ -14,8 +14,8 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
-from engine.errors import ModelLoadError
-from engine.model import LlamaModel
+from kernelloop.engine.errors import ModelLoadError
+from kernelloop.engine.model import LlamaModel
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.weight")
 _IGNORED = ("rotary_emb.inv_freq",)

@@ -5,8 +5,8 @@ $KERNELLOOP_HISTORY, else $XDG_DATA_HOME/kernelloop/history.db; `default_report_
 `agent report` writes) is $KERNELLOOP_REPORTS, else $XDG_DATA_HOME/kernelloop/reports.
 """
 
-from history.db import HistoryError, default_history_path, default_report_dir
-from history.schema import SCHEMA_VERSION
-from history.store import History
+from kernelloop.history.db import HistoryError, default_history_path, default_report_dir
+from kernelloop.history.schema import SCHEMA_VERSION
+from kernelloop.history.store import History
 
 __all__ = ["History", "HistoryError", "SCHEMA_VERSION", "default_history_path", "default_report_dir"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from kernels.errors import KernelloopError
+from kernelloop.kernels.errors import KernelloopError
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 # PRAGMA application_id of a kernelloop history: "KLHI" as a big-endian 32-bit integer.

@@ -14,7 +14,7 @@ from typing import Any
 
 import sqlite_utils
 
-from history.db import HistoryError
+from kernelloop.history.db import HistoryError
 
 BOOL_COLUMNS = ("correct", "accepted", "partial", "ok")
 JSON_COLUMNS = {"shapes_json": "shapes", "detail_json": "detail"}

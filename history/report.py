@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from history import charts
-from history.charts import INTERPRETER, format_pct
-from history.db import now_iso
-from history.queries import attempt_time, outcome
-from history.store import History
+from kernelloop.history import charts
+from kernelloop.history.charts import INTERPRETER, format_pct
+from kernelloop.history.db import now_iso
+from kernelloop.history.queries import attempt_time, outcome
+from kernelloop.history.store import History
 
 REPORT_NAME = "kernelloop-report.html"
 NO_DATA = '<p class="empty">no data yet</p>'

@@ -12,7 +12,7 @@ from typing import Callable
 
 import sqlite_utils
 
-from history.db import APPLICATION_ID
+from kernelloop.history.db import APPLICATION_ID
 
 
 def _v1_tables(db: sqlite_utils.Database) -> None:

@@ -18,9 +18,9 @@ from typing import Any, Iterator, Mapping
 
 import sqlite_utils
 
-from history import queries
-from history.db import HistoryError, check_file, connect, enable_wal, inspect, now_iso, resolve_path
-from history.schema import SCHEMA_VERSION, migrate
+from kernelloop.history import queries
+from kernelloop.history.db import HistoryError, check_file, connect, enable_wal, inspect, now_iso, resolve_path
+from kernelloop.history.schema import SCHEMA_VERSION, migrate
 
 REGISTRY_EVENT_KINDS = ("add", "reload", "rollback", "gate", "verify", "pr")
 PROFILE_FIELDS = ("device", "engine", "model", "kernels", "partial_reason", "wall_seconds", "busy_seconds",

@@ -4,10 +4,10 @@ Importing this package configures Triton (interpreter when there is no CUDA devi
 kernel module is imported; see kernels/device.py.
 """
 
-from kernels.device import configure_triton
+from kernelloop.kernels.device import configure_triton
 
 configure_triton()
 
-from kernels.ops import OPS, get_op  # noqa: E402  (must follow configure_triton)
+from kernelloop.kernels.ops import OPS, get_op  # noqa: E402  (must follow configure_triton)
 
 __all__ = ["OPS", "get_op"]

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from kernels.spec import OpSpec, Shape, Tolerance, Variant, dtype_name
+from kernelloop.kernels.spec import OpSpec, Shape, Tolerance, Variant, dtype_name
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def configure_triton() -> None:
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     if triton_interpreted():
-        from kernels.interpreter_fidelity import patch_interpreter  # GPU semantics on CPU
+        from kernelloop.kernels.interpreter_fidelity import patch_interpreter  # GPU semantics on CPU
 
         patch_interpreter()
 
@@ -39,7 +39,7 @@ DEVICES = ("cpu", "cuda")
 def resolve_device(requested: str | None) -> str:
     """The device a command runs on: `requested`, else `default_device()`. A device that is not here
     is one line for the user (KernelloopError), not a traceback from deep inside torch."""
-    from kernels.errors import KernelloopError
+    from kernelloop.kernels.errors import KernelloopError
 
     if requested is None:
         return default_device()

@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Literal, Mapping
 
-from kernels.device import device_fingerprint
-from kernels.errors import RegistryError
-from kernels.ops import OPS
-from kernels.registry import Entry, Registry, select_entry
-from kernels.spec import OpSpec, dtype_name
+from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.ops import OPS
+from kernelloop.kernels.registry import Entry, Registry, select_entry
+from kernelloop.kernels.spec import OpSpec, dtype_name
 
 log = logging.getLogger(__name__)
 

@@ -50,8 +50,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kernels.interpreter_libdevice import extern_elementwise
-from kernels.interpreter_speed import cached_builtins
+from kernelloop.kernels.interpreter_libdevice import extern_elementwise
+from kernelloop.kernels.interpreter_speed import cached_builtins
 
 log = logging.getLogger(__name__)
 

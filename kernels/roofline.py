@@ -19,10 +19,10 @@ from typing import Callable
 
 import torch
 
-from kernels.device import cache_root, device_fingerprint
-from kernels.precision import full_precision_matmuls
-from kernels.spec import Cost, dtype_name
-from kernels.timing import measure_copy_bandwidth, summarize, time_calls
+from kernelloop.kernels.device import cache_root, device_fingerprint
+from kernelloop.kernels.precision import full_precision_matmuls
+from kernelloop.kernels.spec import Cost, dtype_name
+from kernelloop.kernels.timing import measure_copy_bandwidth, summarize, time_calls
 
 MATMUL_SIZE = {"cuda": 8192, "cpu": 1024}  # square matmul measured: long enough to reach the peak
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterator
 
-from kernels.errors import KernelloopError
+from kernelloop.kernels.errors import KernelloopError
 
 TARGETS = {"sm80": 80, "sm86": 86, "sm89": 89, "sm90": 90, "sm100": 100, "sm120": 120}
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -90,7 +90,7 @@ class CompileResult:
 
 
 def require_compiled_triton() -> None:
-    from kernels.device import triton_interpreted
+    from kernelloop.kernels.device import triton_interpreted
 
     if triton_interpreted():
         raise KernelloopError("compiling for a GPU target needs compiled Triton: run with TRITON_INTERPRET=0 "
@@ -236,9 +236,9 @@ def device_target(index: int = 0) -> str | None:
 def source_problems(source: str, op: str, shapes: list[dict[str, int]], dtype: Any, target: str) -> list[str]:
     """What stops a trusted source's kernels (a search template, a registry entry) from running well on
     `target` at `shapes`: compile errors, spills, too much shared memory. Empty when it fits."""
-    from kernels.ops import get_op
-    from kernels.registry.entry import sha256_text
-    from kernels.registry.loader import load_forward
+    from kernelloop.kernels.ops import get_op
+    from kernelloop.kernels.registry.entry import sha256_text
+    from kernelloop.kernels.registry.loader import load_forward
 
     spec = get_op(op)
     forward = load_forward(source, sha256_text(source), f"{op} candidate")

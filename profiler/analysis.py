@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 import torch
 
-from kernels.ops import OPS
-from kernels.roofline import Rates
-from kernels.spec import parse_dtype
+from kernelloop.kernels.ops import OPS
+from kernelloop.kernels.roofline import Rates
+from kernelloop.kernels.spec import parse_dtype
 
 RatesFor = Callable[[torch.dtype], Rates]  # the device's roofline for calls in a dtype (kernels.roofline)
 

@@ -25,12 +25,12 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 import httpx
 
-from engine.recorder import REPLAY_BUDGET_S
-from kernels.device import default_device, device_fingerprint
-from kernels.errors import KernelloopError
-from kernels.roofline import device_rates
-from profiler.profile import assemble
-from profiler.workload import WorkloadRequest, summarize_latencies
+from kernelloop.engine.recorder import REPLAY_BUDGET_S
+from kernelloop.kernels.device import default_device, device_fingerprint
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.roofline import device_rates
+from kernelloop.profiler.profile import assemble
+from kernelloop.profiler.workload import WorkloadRequest, summarize_latencies
 
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 30.0  # /health, /v1/models, /profile/stop: none of them waits for an engine step

@@ -9,12 +9,12 @@ from typing import Any, Callable
 
 import torch
 
-from engine.engine import Engine
-from engine.recorder import OP_TIMINGS
-from engine.sampling import SamplingParams
-from kernels.roofline import device_rates
-from profiler.profile import assemble
-from profiler.workload import WorkloadRequest, summarize_latencies
+from kernelloop.engine.engine import Engine
+from kernelloop.engine.recorder import OP_TIMINGS
+from kernelloop.engine.sampling import SamplingParams
+from kernelloop.kernels.roofline import device_rates
+from kernelloop.profiler.profile import assemble
+from kernelloop.profiler.workload import WorkloadRequest, summarize_latencies
 
 
 def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurrency: int = 8,

@@ -1,6 +1,6 @@
 """Nsight Compute metrics for one op's current kernel, through nsight-python, where ncu exists.
 
-`python -m profiler.ncu OP [--shape JSON] [--dtype D]` prints one JSON object: {"available": bool,
+`python -m kernelloop.profiler.ncu OP [--shape JSON] [--dtype D]` prints one JSON object: {"available": bool,
 "reason": str, "op", "shape", "dtype", "metrics": {name: value}}. It is its own process because
 nsight-python re-runs the calling script under ncu; `ncu_metrics()` runs it as a subprocess.
 Without a GPU or without ncu it prints a clean skip with a one-line reason. Clocks and the card's
@@ -87,8 +87,8 @@ def _measure(op: str, shape: dict[str, int], dtype: str) -> dict[str, Any]:
     import torch
     from nsight.utils import VerbosityLevel
 
-    from kernels.ops import get_op
-    from kernels.spec import parse_dtype
+    from kernelloop.kernels.ops import get_op
+    from kernelloop.kernels.spec import parse_dtype
 
     spec = get_op(op)
     args = spec.make_inputs(shape, parse_dtype(dtype), 0, "cuda")
@@ -112,13 +112,13 @@ def _measure(op: str, shape: dict[str, int], dtype: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m profiler.ncu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kernelloop.profiler.ncu", description=__doc__.splitlines()[0])
     parser.add_argument("op")
     parser.add_argument("--shape", default=None, help="JSON shape (default: a mid-size engine shape)")
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args(argv)
-    from kernels.ops import get_op
-    from kernels.spec import pick_shapes
+    from kernelloop.kernels.ops import get_op
+    from kernelloop.kernels.spec import pick_shapes
 
     spec = get_op(args.op)
     shape = json.loads(args.shape) if args.shape else dict(pick_shapes(spec.engine_shapes, 3)[1])
@@ -135,13 +135,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def ncu_metrics(op: str, shape: dict[str, int] | None = None, dtype: str = "bfloat16", timeout_s: float = 300) -> dict[str, Any]:
-    """Run `python -m profiler.ncu` and return its JSON (a skip with a reason on any failure).
+    """Run `python -m kernelloop.profiler.ncu` and return its JSON (a skip with a reason on any failure).
 
     `availability()` runs first, here: when ncu cannot work the skip comes back at once."""
     reason = availability()
     if reason:
         return {"op": op, "shape": shape, "dtype": dtype, "available": False, "reason": reason, "metrics": {}}
-    cmd = [sys.executable, "-m", "profiler.ncu", op, "--dtype", dtype] + (["--shape", json.dumps(shape)] if shape else [])
+    cmd = [sys.executable, "-m", "kernelloop.profiler.ncu", op, "--dtype", dtype] + (["--shape", json.dumps(shape)] if shape else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from kernels.device import CPU_INTERPRETER
-from profiler.analysis import RatesFor, profile_rows, region_timing
+from kernelloop.kernels.device import CPU_INTERPRETER
+from kernelloop.profiler.analysis import RatesFor, profile_rows, region_timing
 
 
 def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kernels: str, wall_seconds: float,

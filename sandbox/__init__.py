@@ -1,6 +1,6 @@
 """The sandbox: judges one candidate kernel against one op spec (DESIGN.md, issue #10).
 
-    from sandbox import CheckOptions, judge_files
+    from kernelloop.sandbox import CheckOptions, judge_files
     verdicts = judge_files("rmsnorm", [Path("cand.py")], CheckOptions(device="cpu"))
 
 Layers: static pre-check (static_check.py) -> sandboxed processes from a fork server, confined by
@@ -11,10 +11,10 @@ process, compares with the reference and times the replays A/B with a bootstrap 
 (runner.py, judge.py). docs/ARCHITECTURE.md has the threat model.
 """
 
-from sandbox.options import CheckOptions
-from sandbox.runner import Sandbox, SandboxUnavailable, judge_files
-from sandbox.static_check import static_check
-from sandbox.verdict import FAILURES, Check, Verdict
+from kernelloop.sandbox.options import CheckOptions
+from kernelloop.sandbox.runner import Sandbox, SandboxUnavailable, judge_files
+from kernelloop.sandbox.static_check import static_check
+from kernelloop.sandbox.verdict import FAILURES, Check, Verdict
 
 __all__ = ["CheckOptions", "Sandbox", "SandboxUnavailable", "judge_files", "static_check", "Verdict", "Check",
            "FAILURES"]

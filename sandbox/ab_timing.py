@@ -13,15 +13,15 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from kernels.registry.entry import sha256_text
-from kernels.registry.store import Registry
-from kernels.roofline import device_rates
-from kernels.spec import OpSpec, parse_dtype
-from sandbox import judge as judging
-from sandbox import wire
-from sandbox.children import Child, Refused
-from sandbox.plan import trial_inputs
-from sandbox.verdict import Verdict
+from kernelloop.kernels.registry.entry import sha256_text
+from kernelloop.kernels.registry.store import Registry
+from kernelloop.kernels.roofline import device_rates
+from kernelloop.kernels.spec import OpSpec, parse_dtype
+from kernelloop.sandbox import judge as judging
+from kernelloop.sandbox import wire
+from kernelloop.sandbox.children import Child, Refused
+from kernelloop.sandbox.plan import trial_inputs
+from kernelloop.sandbox.verdict import Verdict
 
 CPU_ROUND_BUDGET_S = 0.1  # CPU: a timing round stops adding calls once each side has this much replay time
 

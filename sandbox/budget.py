@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandbox.options import CheckOptions
+from kernelloop.sandbox.options import CheckOptions
 
 # Seconds per candidate when CheckOptions.timeout_s is None. CPU: on a busy 2-core box every op's
 # baseline judged as a candidate, by `agent check` or the tune loop, takes under 40% of it. CUDA:

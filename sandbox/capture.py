@@ -18,9 +18,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from kernels.spec import OpSpec, dtype_name, parse_dtype
-from kernels.target_compile import meta_inputs
-from sandbox import guards, trace
+from kernelloop.kernels.spec import OpSpec, dtype_name, parse_dtype
+from kernelloop.kernels.target_compile import meta_inputs
+from kernelloop.sandbox import guards, trace
 
 MAX_REQUESTS = 16
 MAX_LAUNCHES = 16  # per shape: more is refused by the judge anyway

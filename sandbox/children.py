@@ -22,8 +22,8 @@ from typing import Any, Iterable
 
 import torch
 
-from sandbox import wire
-from sandbox.forkserver import ForkServer, start_fresh
+from kernelloop.sandbox import wire
+from kernelloop.sandbox.forkserver import ForkServer, start_fresh
 
 LOG_TAIL_BYTES = 2000
 _BASE_RSS = 1 << 30  # the pre-warmed process's own footprint (torch + triton), not charged to the candidate

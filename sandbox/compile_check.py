@@ -19,15 +19,15 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from kernels.errors import KernelloopError
-from kernels.spec import OpSpec, parse_dtype
-from kernels.target_compile import TARGETS, CompileResult, parse_targets
-from sandbox import wire
-from sandbox.children import Child
-from sandbox.executables import ptxas
-from sandbox.forkserver import ForkServer
-from sandbox.judge import label
-from sandbox.verdict import Verdict
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.spec import OpSpec, parse_dtype
+from kernelloop.kernels.target_compile import TARGETS, CompileResult, parse_targets
+from kernelloop.sandbox import wire
+from kernelloop.sandbox.children import Child
+from kernelloop.sandbox.executables import ptxas
+from kernelloop.sandbox.forkserver import ForkServer
+from kernelloop.sandbox.judge import label
+from kernelloop.sandbox.verdict import Verdict
 
 MAX_LAUNCHES_PER_SHAPE = 16
 _RESULT_INTS = ("registers", "spill_bytes", "stack_bytes", "shared_bytes")

@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kernels.target_compile import TARGETS, CompileResult, Launch, compile_launch, specialise
-from sandbox import guards, wire
-from sandbox.replay import ReplayError, kernels_from_source
+from kernelloop.kernels.target_compile import TARGETS, CompileResult, Launch, compile_launch, specialise
+from kernelloop.sandbox import guards, wire
+from kernelloop.sandbox.replay import ReplayError, kernels_from_source
 
 MAX_LAUNCHES = 256  # the judge sends at most 16 per shape, 3 groups per dtype
 MAX_ARGS = 64
@@ -106,7 +106,7 @@ def result_fields(result: CompileResult) -> dict[str, Any]:
 
 def compile_descriptions(table: dict[str, Any], launches: Any, targets: Any) -> dict[str, Any]:
     """The "compiled" answer's body (see the module docstring)."""
-    from kernels.target_compile import _backend
+    from kernelloop.kernels.target_compile import _backend
 
     if not isinstance(targets, list) or not targets or not all(t in TARGETS for t in targets) \
             or not isinstance(launches, list) or len(launches) > MAX_LAUNCHES:
@@ -136,7 +136,7 @@ def compile_descriptions(table: dict[str, Any], launches: Any, targets: Any) -> 
 
 def serve_compiles(chan: wire.Channel, job: dict[str, Any]) -> None:
     """The compile process: rebuild the kernels from the judge's copy of the source, answer one "compile"."""
-    from kernels.device import triton_interpreted
+    from kernelloop.kernels.device import triton_interpreted
 
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     if triton_interpreted() or not isinstance(job.get("source"), str):

@@ -39,8 +39,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox import seccomp_bpf
-from sandbox.lifetime import die_with_parent, parent_death_signal
+from kernelloop.sandbox import seccomp_bpf
+from kernelloop.sandbox.lifetime import die_with_parent, parent_death_signal
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long

@@ -23,13 +23,12 @@ import os
 import socket
 import struct
 import subprocess
-from pathlib import Path
 from typing import Any
 
-from sandbox.guards import ENV_KEEP
-from sandbox.lifetime import die_with_parent, ignore_interrupts, spawn_python
+from kernelloop import IMPORT_ROOT
+from kernelloop.sandbox.guards import ENV_KEEP
+from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts, spawn_python
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _LEN = struct.Struct("!I")
 _CUDA_ENTRY_POINTS = ("is_available", "init", "device_count", "_lazy_init", "current_device", "get_device_name",
                       "get_device_capability", "synchronize")
@@ -37,7 +36,7 @@ _CUDA_ENTRY_POINTS = ("is_available", "init", "device_count", "_lazy_init", "cur
 
 def clean_env(device: str) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    env["PYTHONPATH"] = str(IMPORT_ROOT)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # Decided here so that `import kernels` in the server never asks torch whether CUDA exists.
     env["TRITON_INTERPRET"] = "0" if device == "cuda" else "1"
@@ -82,7 +81,7 @@ class ForkServer:
         if self._proc is None or self._proc.poll() is not None:
             ours, theirs = socket.socketpair()
             self._proc = spawn_python(
-                f"from sandbox.forkserver import serve; serve({theirs.fileno()}, {os.getpid()})",
+                f"from kernelloop.sandbox.forkserver import serve; serve({theirs.fileno()}, {os.getpid()})",
                 env=clean_env(self.device), pass_fds=[theirs.fileno()], cwd="/", stdin=subprocess.DEVNULL)
             theirs.close()
             self._sock = ours
@@ -132,7 +131,7 @@ class ForkServer:
 def start_fresh(job: dict[str, Any], chan_fd: int, log_fd: int) -> tuple[int, Any]:
     """The same child in a fresh interpreter (no fork server): the slow path and the benchmark's reference."""
     proc = spawn_python(
-        f"from sandbox.worker import run_fresh; run_fresh({chan_fd}, {log_fd}, {os.getpid()})",
+        f"from kernelloop.sandbox.worker import run_fresh; run_fresh({chan_fd}, {log_fd}, {os.getpid()})",
         env=clean_env(job["device"]), pass_fds=[chan_fd, log_fd], stdin=subprocess.PIPE, cwd="/")
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
@@ -169,11 +168,11 @@ def serve(fd: int, judge: int) -> None:
     ignore_interrupts()  # inherited by every child
     import torch
 
-    from sandbox.confine import harden_current_process
+    from kernelloop.sandbox.confine import harden_current_process
 
     harden_current_process()  # the server exits when the judge's end of the socket closes
     saved = _forbid_cuda()
-    from sandbox import worker  # the warm-up: torch, triton, the op library
+    from kernelloop.sandbox import worker  # the warm-up: torch, triton, the op library
 
     sock = socket.socket(fileno=fd)
     while True:

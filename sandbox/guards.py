@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandbox.static_check import ALLOWED_IMPORTS, FORBIDDEN_NAMES
+from kernelloop.sandbox.static_check import ALLOWED_IMPORTS, FORBIDDEN_NAMES
 
 VIOLATIONS: list[str] = []  # every blocked attempt, in order; read by the worker after each call
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from kernels.compare import Comparison, check_outputs
-from kernels.spec import OpSpec
-from kernels.roofline import Rates
-from kernels.stats import median_interval
-from sandbox.verdict import Check, Verdict
+from kernelloop.kernels.compare import Comparison, check_outputs
+from kernelloop.kernels.spec import OpSpec
+from kernelloop.kernels.roofline import Rates
+from kernelloop.kernels.stats import median_interval
+from kernelloop.sandbox.verdict import Check, Verdict
 
 
 def label(shape: dict, dtype: str, variant: dict | None = None) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from kernels.spec import CUDA_ENGINE_SHAPES, TOKEN_BUCKETS, Cost, OpSpec, Shape, dtype_name, parse_dtype, pick_shapes
-from sandbox.options import CheckOptions
+from kernelloop.kernels.spec import CUDA_ENGINE_SHAPES, TOKEN_BUCKETS, Cost, OpSpec, Shape, dtype_name, parse_dtype, pick_shapes
+from kernelloop.sandbox.options import CheckOptions
 
 # On CUDA too, every trial's and every timed call's inputs and reference are computed on the judge's
 # CPU (sandbox/runner.py). An engine shape costing more than this in float32 would take seconds to

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from sandbox.trace import ALLOCATORS, DATA_ATEN, MAX_ENTRIES, poison
-from sandbox.wire import WIRE_DTYPES, check_meta
+from kernelloop.sandbox.trace import ALLOCATORS, DATA_ATEN, MAX_ENTRIES, poison
+from kernelloop.sandbox.wire import WIRE_DTYPES, check_meta
 
 KERNEL_MODULES = ("triton", "math", "__future__")
 _SAFE_BUILTINS = ("range", "len", "min", "max", "abs", "int", "float", "bool", "isinstance", "tuple", "list",
@@ -156,12 +156,12 @@ def kernels_from_source(source: str, constants: Any) -> dict[str, Any]:
 
 
 def kernels_from_module(module_name: str) -> dict[str, Any]:
-    """The trusted op baseline's kernels (kernels.ops.<op>), by name."""
+    """The trusted op baseline's kernels (kernelloop.kernels.ops.<op>), by name."""
     import importlib
 
     from triton.runtime import interpreter, jit
 
-    if not module_name.startswith("kernels.ops."):
+    if not module_name.startswith("kernelloop.kernels.ops."):
         raise ReplayError(f"{module_name} is not an op module")
     module = importlib.import_module(module_name)
     kinds = (jit.JITFunction, interpreter.InterpretedFunction)

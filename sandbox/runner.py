@@ -28,24 +28,24 @@ from typing import Any, Callable
 
 import torch
 
-from kernels.compare import Comparison
-from kernels.device import device_fingerprint
-from kernels.errors import KernelloopError
-from kernels.ops import get_op
-from kernels.registry.entry import sha256_text
-from kernels.spec import OpSpec
-from sandbox import judge as judging
-from sandbox import wire
-from sandbox.ab_timing import ABTiming
-from sandbox.budget import Budget, timeout_s
-from sandbox.children import Child, MemoryExceeded, Refused
-from sandbox.compile_check import CompileCheck, compile_setup
-from sandbox.executables import cuda_executables
-from sandbox.forkserver import ForkServer
-from sandbox.options import CheckOptions
-from sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
-from sandbox.static_check import static_check
-from sandbox.verdict import Verdict
+from kernelloop.kernels.compare import Comparison
+from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.registry.entry import sha256_text
+from kernelloop.kernels.spec import OpSpec
+from kernelloop.sandbox import judge as judging
+from kernelloop.sandbox import wire
+from kernelloop.sandbox.ab_timing import ABTiming
+from kernelloop.sandbox.budget import Budget, timeout_s
+from kernelloop.sandbox.children import Child, MemoryExceeded, Refused
+from kernelloop.sandbox.compile_check import CompileCheck, compile_setup
+from kernelloop.sandbox.executables import cuda_executables
+from kernelloop.sandbox.forkserver import ForkServer
+from kernelloop.sandbox.options import CheckOptions
+from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
+from kernelloop.sandbox.static_check import static_check
+from kernelloop.sandbox.verdict import Verdict
 
 Progress = Callable[[str], None]
 
@@ -78,7 +78,7 @@ class Sandbox(ABTiming):
         self.fingerprint = device_fingerprint(options.device)
         self.seed = master_seed(options)
         if not options.unconfined:
-            from sandbox.confine import harden_current_process, probe
+            from kernelloop.sandbox.confine import harden_current_process, probe
 
             reason = probe()
             if reason:

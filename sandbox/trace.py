@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sandbox.wire import WIRE_NAMES
+from kernelloop.sandbox.wire import WIRE_NAMES
 
 # aten ops a candidate's Python side may run: allocation, views, copies and fills; nothing that computes.
 VIEW_ATEN = frozenset({

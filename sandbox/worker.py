@@ -29,13 +29,13 @@ from typing import Any, Callable
 
 import torch
 
-import kernels.ops  # noqa: F401  (the op specs, imported in the fork server before any fork)
-from kernels.spec import parse_dtype
-from kernels.timing import l2_flusher
-from sandbox import capture, guards, trace, wire
-from sandbox.compile_child import serve_compiles
-from sandbox.lifetime import die_with_parent, ignore_interrupts
-from sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
+from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork server before any fork)
+from kernelloop.kernels.spec import parse_dtype
+from kernelloop.kernels.timing import l2_flusher
+from kernelloop.sandbox import capture, guards, trace, wire
+from kernelloop.sandbox.compile_child import serve_compiles
+from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts
+from kernelloop.sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
 
 
 def _prewarm() -> None:
@@ -87,7 +87,7 @@ def _setup(job: dict[str, Any]) -> dict[str, str]:
     scratch = Path(job["scratch"])
     facts = {"process_group": "own session" if job.get("own_session", True) else "the launcher's session"}
     if job.get("confine", True):
-        from sandbox.confine import Policy, confine
+        from kernelloop.sandbox.confine import Policy, confine
 
         facts.update(confine(Policy(scratch=scratch, allow_exec=tuple(job.get("allow_exec", ())))))
     else:
@@ -102,7 +102,7 @@ def _no_more_threads(job: dict[str, Any]) -> None:
     """On CPU nothing legitimate starts a thread or a process after warm-up: the kernel refuses them.
     (On CUDA Triton still compiles, i.e. spawns ptxas and the C compiler, on a kernel's first launch.)"""
     if job["device"] == "cpu" and job.get("confine", True):
-        from sandbox.confine import forbid_new_threads
+        from kernelloop.sandbox.confine import forbid_new_threads
 
         forbid_new_threads()
 
@@ -161,7 +161,7 @@ def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], devic
 
 def serve_calls(chan: wire.Channel, job: dict[str, Any]) -> None:
     """The runner: load the module (or the op's trusted baseline), then answer "call" messages."""
-    device, spec = job["device"], kernels.ops.get_op(job["op"])
+    device, spec = job["device"], get_op(job["op"])
     state: dict[str, Any] = {"recorder": None}
     trace.install_launch_hook(state)
     # Warm the interpreter and the dispatch path with the op's own kernel before any candidate code.
@@ -221,7 +221,7 @@ def serve_replays(chan: wire.Channel, job: dict[str, Any]) -> None:
     _no_more_threads(job)
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     try:
-        table = (kernels_from_module(f"kernels.ops.{job['op']}") if job.get("source") is None
+        table = (kernels_from_module(f"kernelloop.kernels.ops.{job['op']}") if job.get("source") is None
                  else kernels_from_source(job["source"], job.get("constants", {})))
     except ReplayError as exc:
         chan.send({"type": "load", "ok": False, "error": str(exc)})

@@ -14,8 +14,8 @@ if os.environ.get("KERNELLOOP_GPU_TESTS") != "1":
 
 import pytest  # noqa: E402
 
-import kernels  # noqa: E402,F401  (configures Triton)
-from kernels.device import default_device  # noqa: E402
+from kernelloop import kernels  # noqa: E402,F401  (configures Triton)
+from kernelloop.kernels.device import default_device  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -36,14 +36,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def embedded_model_dir(tmp_path_factory):
     """The embedded default model, built once per test session into a temporary cache root."""
-    from engine.embedded import ensure_embedded_model
+    from kernelloop.engine.embedded import ensure_embedded_model
 
     return ensure_embedded_model(tmp_path_factory.mktemp("kernelloop-cache"))
 
 
 @pytest.fixture
 def registry(tmp_path):
-    from kernels.registry import Registry
+    from kernelloop.kernels.registry import Registry
 
     return Registry(tmp_path / "registry")
 

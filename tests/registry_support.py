@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import git
 
-from kernels.registry import Registry
+from kernelloop.kernels.registry import Registry
 
 
 def commit_by_hand(reg: Registry, message: str = "hand edit") -> None:

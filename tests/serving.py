@@ -10,9 +10,9 @@ from typing import Iterator
 
 import httpx
 
-from engine.engine import Engine
-from engine.loop import EngineLoop
-from engine.server import create_app
+from kernelloop.engine.engine import Engine
+from kernelloop.engine.loop import EngineLoop
+from kernelloop.engine.server import create_app
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from history import History
+from kernelloop.history import History
 
 from tests.hf_checkpoints import make_checkpoint
 
@@ -25,7 +25,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 def _daemon(tmp_path: Path, model_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "daemon", "--model", str(model_dir), "--registry", str(tmp_path / "reg"),
+        [sys.executable, "-m", "kernelloop.agent.cli", "daemon", "--model", str(model_dir), "--registry", str(tmp_path / "reg"),
          "--history", str(tmp_path / "h.db"), "--metrics-port", "0", "--op", "rmsnorm", "--rounds", "1", "--candidates", "2",
          "--interval", "0.2", *extra],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.gate import GATE_PROMPTS, GateConfig
-from agent.loop.context import LoopContext
-from agent.loop.graph import run_tune
-from agent.loop.state import TuneSettings
-from agent.proposers.base import Proposal
-from agent.proposers.llm import LLMProposer
-from history import History
-from kernels.device import device_fingerprint
-from kernels.registry import Registry
+from kernelloop.agent.gate import GATE_PROMPTS, GateConfig
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.graph import run_tune
+from kernelloop.agent.loop.state import TuneSettings
+from kernelloop.agent.proposers.base import Proposal
+from kernelloop.agent.proposers.llm import LLMProposer
+from kernelloop.history import History
+from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.registry import Registry
 
 from tests.fake_openai import FakeOpenAI
 from tests.hf_checkpoints import make_checkpoint
@@ -215,7 +215,7 @@ def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> No
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "tune", "rmsnorm", "--model", str(model_dir), "--rounds", "1",
+        [sys.executable, "-m", "kernelloop.agent.cli", "tune", "rmsnorm", "--model", str(model_dir), "--rounds", "1",
          "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json"],
         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -233,7 +233,7 @@ def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
 
     import httpx
 
-    from engine.engine import Engine, EngineConfig
+    from kernelloop.engine.engine import Engine, EngineConfig
     from tests.serving import serve
 
     engine = Engine(EngineConfig(model=str(model_dir), kernels="registry", registry=str(tmp_path / "reg")))
@@ -241,7 +241,7 @@ def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
         bad = httpx.post(f"{base}/gate/measure", json={"prompts": [], "max_tokens": 3}, timeout=10)
         assert bad.status_code == 400 and "prompts" in bad.text
         result = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "tune", "rmsnorm", "--engine", base, "--rounds", "1",
+            [sys.executable, "-m", "kernelloop.agent.cli", "tune", "rmsnorm", "--engine", base, "--rounds", "1",
              "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json"],
             cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]

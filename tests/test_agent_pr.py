@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from agent import cli
-from agent import pr as pr_logic
-from agent.commands import pr as pr_cmd
-from history import History
-from kernels.registry import Registry
-from kernels.registry.entry import Provenance
+from kernelloop.agent import cli
+from kernelloop.agent import pr as pr_logic
+from kernelloop.agent.commands import pr as pr_cmd
+from kernelloop.history import History
+from kernelloop.kernels.registry import Registry
+from kernelloop.kernels.registry.entry import Provenance
 
 SOURCE = "import torch\n\n\ndef forward(x):\n    return x * {k}  # variant {k}\n"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.loop.target import choose_target
+from kernelloop.agent.loop.target import choose_target
 
 PROFILE = {"rows": [{"name": "rope", "kind": "op", "share": 0.5, "roofline_pct": 10.0},
                     {"name": "rmsnorm", "kind": "op", "share": 0.4, "roofline_pct": 10.0}]}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agent.commands import verify
-from history import History
-from kernels.registry import Registry
-from kernels.registry.entry import Provenance
+from kernelloop.agent.commands import verify
+from kernelloop.history import History
+from kernelloop.kernels.registry import Registry
+from kernelloop.kernels.registry.entry import Provenance
 
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"
 

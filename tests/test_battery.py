@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import OPS
-from kernels.compare import check_impl
-from kernels.ops import decode_attention, rope, silu_mul
-from kernels.spec import Case, pick_shapes
+from kernelloop.kernels import OPS
+from kernelloop.kernels.compare import check_impl
+from kernelloop.kernels.ops import decode_attention, rope, silu_mul
+from kernelloop.kernels.spec import Case, pick_shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # inf is expected there
 
@@ -225,8 +225,8 @@ def test_wrong_kernel_passes_the_old_inputs_and_fails_the_new_battery(label):
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_cuda_plan_stays_within_the_trial_limit_and_keeps_its_engine_shapes(name):
-    from sandbox.options import CheckOptions
-    from sandbox.plan import CUDA_TRIAL_LIMIT, check_cases, make_plan, within_trial_limit
+    from kernelloop.sandbox.options import CheckOptions
+    from kernelloop.sandbox.plan import CUDA_TRIAL_LIMIT, check_cases, make_plan, within_trial_limit
 
     spec = OPS[name]
     plan = make_plan(spec, CheckOptions(device="cuda"), 1)
@@ -243,8 +243,8 @@ def test_cuda_plan_stays_within_the_trial_limit_and_keeps_its_engine_shapes(name
 
 
 def test_cuda_plan_caps_the_new_ops_only():
-    from sandbox.options import CheckOptions
-    from sandbox.plan import check_cases, within_trial_limit
+    from kernelloop.sandbox.options import CheckOptions
+    from kernelloop.sandbox.plan import check_cases, within_trial_limit
 
     capped = {n for n, spec in OPS.items() if not all(within_trial_limit(spec, s)
                                                       for s in pick_shapes(spec.engine_shapes, 4))}

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import OPS
+from kernelloop import kernels
+from kernelloop.kernels import OPS
 from bench.baselines import DEFAULT_MAX_SHAPES
-from kernels.spec import pick_shapes
+from kernelloop.kernels.spec import pick_shapes
 from bench.report import print_table, write_report
-from kernels.timing import measure_copy_bandwidth, summarize, time_calls
+from kernelloop.kernels.timing import measure_copy_bandwidth, summarize, time_calls
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,7 @@ def test_cuda_timing_rmsnorm_and_copy_bandwidth():
 
 def test_bench_one_reports_broken_kernels_instead_of_raising():
     from bench.baselines import CPU_POLICY, bench_one
-    from kernels.roofline import Rates
+    from kernelloop.kernels.roofline import Rates
 
     spec = kernels.get_op("rmsnorm")
     shape = spec.test_shapes[0]
@@ -161,7 +161,7 @@ def test_bench_one_reports_broken_kernels_instead_of_raising():
 
 def test_bench_one_times_linear_against_f_linear_and_the_flop_roofline():
     from bench.baselines import CPU_POLICY, bench_one
-    from kernels.roofline import Rates
+    from kernelloop.kernels.roofline import Rates
 
     spec = kernels.get_op("linear")
     shape = {"tokens": 17, "n": 48, "k": 160}
@@ -190,9 +190,9 @@ def test_the_gpu_benches_shapes_only_model_tells_prompts_apart(tmp_path):
     """bench.engine_gpu's model directory (used by profile-gpu and tune-gpu): a byte-level tokenizer,
     so different prompts are different tokens (not all the unknown token, which the prefix cache
     would then serve as one prompt), and a random-weight engine runs on it."""
-    from agent.gate import GATE_PROMPTS, prompt_ids
+    from kernelloop.agent.gate import GATE_PROMPTS, prompt_ids
     from bench.engine_gpu import LLAMA3_8B, write_model_dir
-    from engine.engine import Engine, EngineConfig
+    from kernelloop.engine.engine import Engine, EngineConfig
 
     tiny = {**LLAMA3_8B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,

@@ -14,17 +14,17 @@ import torch
 
 import bench.engine_gpu as engine_gpu
 import bench.profile_gpu as profile_gpu
-import profiler.ncu as ncu
+import kernelloop.profiler.ncu as ncu
 from bench.report import format_value
 from bench.rehearse import CHAT_TEMPLATE, TINY_LLAMA, write_chat_model_dir
-from engine.engine import Engine, EngineConfig
-from engine.recorder import Recorder, interpolate, replay_op_seconds
-from engine.scheduler import SchedulerConfig
-from kernels.dispatch import Dispatcher
-from kernels.ops import OPS
-from kernels.roofline import Rates
-from profiler.analysis import profile_rows
-from profiler.inprocess import profile_engine
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.recorder import Recorder, interpolate, replay_op_seconds
+from kernelloop.engine.scheduler import SchedulerConfig
+from kernelloop.kernels.dispatch import Dispatcher
+from kernelloop.kernels.ops import OPS
+from kernelloop.kernels.roofline import Rates
+from kernelloop.profiler.analysis import profile_rows
+from kernelloop.profiler.inprocess import profile_engine
 
 # ---- decode bound -------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import pytest
 
 from bench.agent_workload import OUTPUT_LENGTHS, build_workload, percentile, summarize
 from bench.http_load import SERVED_NAME, PlannedRequest, RequestResult, send_all, send_one_by_one
-from engine.engine import Engine, EngineConfig
+from kernelloop.engine.engine import Engine, EngineConfig
 from tests.serving import serve
 
 

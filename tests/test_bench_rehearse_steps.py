@@ -12,8 +12,8 @@ import bench.sandbox_gpu as sandbox_gpu
 import bench.tune_gpu as tune_gpu
 from bench.baseline_plan import FIRST_OPS, groups, is_decode, plan_rows
 from bench.baselines import DEFAULT_MAX_SHAPES, DEFAULT_TIME_BUDGET_S, gpu_order, parse_args
-from kernels import OPS, timing
-from sandbox import CheckOptions, Verdict
+from kernelloop.kernels import OPS, timing
+from kernelloop.sandbox import CheckOptions, Verdict
 
 
 def verdict(**fields) -> Verdict:

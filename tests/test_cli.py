@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from agent.cli import main
-from kernels import OPS
+from kernelloop.agent.cli import main
+from kernelloop.kernels import OPS
 
 from tests.registry_support import commit_by_hand
 from tests.test_registry import RMSNORM_SOURCE, add
@@ -125,7 +125,7 @@ def test_installed_console_script(tmp_path):
 def test_ops_template_is_a_legal_candidate(capsys, op):
     """Issue #14: a copy of a baseline module was refused (`import of 'kernels.models'`); --template
     prints a self-contained starting point."""
-    from sandbox.static_check import static_check
+    from kernelloop.sandbox.static_check import static_check
 
     code, out, _ = run(capsys, "ops", "--template", op)
     assert code == 0 and f"agent check {op} THIS_FILE" in out
@@ -159,9 +159,9 @@ def test_every_option_says_what_it_does(cli):
     import argparse as _argparse
 
     if cli == "agent":
-        from agent.cli import build_parser
+        from kernelloop.agent.cli import build_parser
     else:
-        from engine.cli import build_parser
+        from kernelloop.engine.cli import build_parser
     missing = [f"{cli} {' '.join(path)} {'/'.join(a.option_strings) or a.dest}"
                for path, parser in _parsers(build_parser()) for a in parser._actions
                if not a.help and not isinstance(a, (_argparse._HelpAction, _argparse._SubParsersAction))]

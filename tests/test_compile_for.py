@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from kernels.errors import KernelloopError
-from kernels.ops import get_op
-from sandbox import wire
-from sandbox.compile_check import CompileCheck, compile_setup
-from sandbox.compile_child import DescriptionError, decode
-from sandbox.executables import ptxas
-from sandbox.options import CheckOptions
-from sandbox.verdict import Verdict
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.ops import get_op
+from kernelloop.sandbox import wire
+from kernelloop.sandbox.compile_check import CompileCheck, compile_setup
+from kernelloop.sandbox.compile_child import DescriptionError, decode
+from kernelloop.sandbox.executables import ptxas
+from kernelloop.sandbox.options import CheckOptions
+from kernelloop.sandbox.verdict import Verdict
 
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = REPO / "tests" / "sandbox_candidates"
@@ -217,7 +217,7 @@ def test_targets_are_checked_before_anything_starts() -> None:
 
 def test_the_cli_flag_with_a_bad_target_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "agent.cli", "check", "rmsnorm",
+    result = subprocess.run([sys.executable, "-m", "kernelloop.agent.cli", "check", "rmsnorm",
                              str(CANDIDATES / "control_rmsnorm_row.py"), "--compile-for", "sm90,sm91"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == "", result.stderr
@@ -229,7 +229,7 @@ def test_the_cli_flag_with_a_bad_target_is_one_line_and_exit_2(tmp_path: Path) -
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory):
-    from sandbox import Sandbox
+    from kernelloop.sandbox import Sandbox
 
     options = CheckOptions(registry=tmp_path_factory.mktemp("reg"), timing=False, seed=5, dtypes=("float32",),
                            compile_for=("sm90",))

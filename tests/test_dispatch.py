@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import OPS, get_op
-from kernels.dispatch import Dispatcher
-from kernels.registry import ANY_BUCKET, Provenance
+from kernelloop.kernels import OPS, get_op
+from kernelloop.kernels.dispatch import Dispatcher
+from kernelloop.kernels.registry import ANY_BUCKET, Provenance
 
-from kernels.errors import RegistryError
+from kernelloop.kernels.errors import RegistryError
 
 from tests.registry_support import commit_by_hand
 from tests.test_registry import RMSNORM_SOURCE, add

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.attention import attention
-from engine.batch import ForwardBatch
-from engine.config import ModelConfig
-from engine.memory import KVPool
-from kernels.compare import check_outputs
-from kernels.dispatch import Dispatcher
-from kernels.ops import OPS
+from kernelloop.engine.attention import attention
+from kernelloop.engine.batch import ForwardBatch
+from kernelloop.engine.config import ModelConfig
+from kernelloop.engine.memory import KVPool
+from kernelloop.kernels.compare import check_outputs
+from kernelloop.kernels.dispatch import Dispatcher
+from kernelloop.kernels.ops import OPS
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIXES, NEW = [0, 37, 5, 20], [18, 1, 9, 30]
@@ -94,12 +94,12 @@ def test_extend_through_the_op_matches_the_definition(kernels, dtype):
 
 _CAPTURE = r'''
 import json, torch
-from engine.batch import ForwardBatch
-from engine.config import ModelConfig
-from engine.memory import KVPool
-from engine.model import LlamaModel
-from kernels.dispatch import Dispatcher
-from kernels.target_compile import capture_launches
+from kernelloop.engine.batch import ForwardBatch
+from kernelloop.engine.config import ModelConfig
+from kernelloop.engine.memory import KVPool
+from kernelloop.engine.model import LlamaModel
+from kernelloop.kernels.dispatch import Dispatcher
+from kernelloop.kernels.target_compile import capture_launches
 
 config = ModelConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=8,
                      num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, max_position_embeddings=1024,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cli import main
+from kernelloop.engine.cli import main
 
 from tests.hf_checkpoints import make_checkpoint
 

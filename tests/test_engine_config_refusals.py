@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine.config import ModelConfig
-from engine.errors import ModelLoadError
+from kernelloop.engine.config import ModelConfig
+from kernelloop.engine.errors import ModelLoadError
 
 BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}

@@ -11,9 +11,9 @@ import dataclasses
 import pytest
 import torch
 
-from engine.engine import Engine, EngineConfig, InvalidRequest
-from engine.sampling import SamplingParams
-from engine.scheduler import SchedulerConfig
+from kernelloop.engine.engine import Engine, EngineConfig, InvalidRequest
+from kernelloop.engine.sampling import SamplingParams
+from kernelloop.engine.scheduler import SchedulerConfig
 
 from tests.hf_checkpoints import VARIANTS, make_checkpoint
 

@@ -12,10 +12,10 @@ import pytest
 # allocator settings or with glibc's defaults (the setting is per process: one process each).
 PROBE = """
 import resource, sys
-import engine.engine as em
+import kernelloop.engine.engine as em
 if sys.argv[1] == "off":
     em.keep_freed_memory = lambda: False
-from engine.sampling import SamplingParams
+from kernelloop.engine.sampling import SamplingParams
 eng = em.Engine(em.EngineConfig(prefix_cache=False))
 ids = eng.tokenizer.encode("You are a coding agent working in a large Python repository. " * 40)[:320]
 params = SamplingParams(max_tokens=1, temperature=0)
@@ -41,7 +41,7 @@ def test_a_long_prefill_reuses_its_buffers_instead_of_faulting_pages_in():
 
 
 def test_the_cpu_engine_applies_it(monkeypatch):
-    import engine.engine as engine_module
+    import kernelloop.engine.engine as engine_module
 
     calls = []
     monkeypatch.setattr(engine_module, "keep_freed_memory", lambda: calls.append(1) or True)

@@ -7,7 +7,7 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from engine.detokenizer import IncrementalDetokenizer
+from kernelloop.engine.detokenizer import IncrementalDetokenizer
 
 CORPUS = [
     "Hello world, the café in 日本 serves crème brûlée 🍰🎉.",

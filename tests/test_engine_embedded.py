@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import engine.embedded as embedded
-from engine.embedded import MARKER, RECIPE_VERSION, ensure_embedded_model, render_document, verify
-from engine.embedded.corpus import ANIMALS, CAPITALS, OPPOSITES, THINGS, Document, generate_corpus
-from engine.embedded.model import ModelConfig, forward
-from engine.tokenizer import Tokenizer, TokenizerError
+import kernelloop.engine.embedded as embedded
+from kernelloop.engine.embedded import MARKER, RECIPE_VERSION, ensure_embedded_model, render_document, verify
+from kernelloop.engine.embedded.corpus import ANIMALS, CAPITALS, OPPOSITES, THINGS, Document, generate_corpus
+from kernelloop.engine.embedded.model import ModelConfig, forward
+from kernelloop.engine.tokenizer import Tokenizer, TokenizerError
 
 transformers = pytest.importorskip("transformers")
 

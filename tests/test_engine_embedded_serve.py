@@ -18,7 +18,7 @@ def served(embedded_model_dir):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "KERNELLOOP_CACHE": str(embedded_model_dir.parent.parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "kernelloop.engine.cli", "serve", "--port", str(port)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from engine.engine import Engine, EngineConfig
-from engine.sampling import SamplingParams
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.sampling import SamplingParams
 
 from tests.hf_checkpoints import make_checkpoint
 

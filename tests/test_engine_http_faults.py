@@ -13,9 +13,9 @@ import time
 import httpx
 import pytest
 
-from engine import server as server_module
-from engine.engine import Engine, EngineConfig
-from engine.tokenizer import Tokenizer
+from kernelloop.engine import server as server_module
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.tokenizer import Tokenizer
 
 from tests.hf_checkpoints import make_checkpoint
 from tests.serving import serve
@@ -127,7 +127,7 @@ def test_an_unexpected_exception_is_a_logged_500_error_object(server, monkeypatc
         raise RuntimeError("boom")
 
     monkeypatch.setattr(server[1], "tokens_per_second", broken)
-    with caplog.at_level(logging.ERROR, logger="engine.server"):
+    with caplog.at_level(logging.ERROR, logger="kernelloop.engine.server"):
         r = httpx.get(f"{server[0]}/metrics", timeout=30)
     error = assert_openai_error(r, 500, kind="server_error")
     assert "RuntimeError" in error["message"] and "Traceback" not in r.text

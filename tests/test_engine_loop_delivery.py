@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from engine.engine import Engine, EngineConfig
-from engine import loop as loop_module
-from engine.loop import EngineLoop
-from engine.sampling import SamplingParams
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine import loop as loop_module
+from kernelloop.engine.loop import EngineLoop
+from kernelloop.engine.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +89,8 @@ def test_an_aborted_non_streamed_request_leaves_nothing_behind(loop):
 
 
 def test_a_stream_that_fell_behind_gets_the_waiting_outputs_as_one_chunk():
-    from engine.engine import StepOutput
-    from engine.loop import next_output
+    from kernelloop.engine.engine import StepOutput
+    from kernelloop.engine.loop import next_output
 
     async def run():
         queue: asyncio.Queue = asyncio.Queue()

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from engine.radix_cache import PrefixMatch, RadixCache, RadixNode
+from kernelloop.engine.radix_cache import PrefixMatch, RadixCache, RadixNode
 
 
 class Pool:

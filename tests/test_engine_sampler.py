@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from engine.sampler import Sampler, SampleOutput, TokenLogprobs, make_generator
-from engine.sampling import InvalidSamplingParams, SamplingParams
+from kernelloop.engine.sampler import Sampler, SampleOutput, TokenLogprobs, make_generator
+from kernelloop.engine.sampling import InvalidSamplingParams, SamplingParams
 
 V = 50
 

@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from engine.engine import Engine, EngineConfig
-from profiler.analysis import profile_rows
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.profiler.analysis import profile_rows
 
 from tests.hf_checkpoints import make_checkpoint
 from tests.serving import serve

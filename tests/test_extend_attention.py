@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.compare import check_impl, check_outputs
-from kernels.ops import extend_attention as ea
-from kernels.spec import Case
+from kernelloop.kernels.compare import check_impl, check_outputs
+from kernelloop.kernels.ops import extend_attention as ea
+from kernelloop.kernels.spec import Case
 
 SPEC = ea.SPEC
 REPO = Path(__file__).resolve().parents[1]
@@ -266,8 +266,8 @@ def test_the_unmutated_copy_passes(tmp_path):
 
 _COMPILE = r'''
 import json, torch
-from kernels.ops import extend_attention as ea
-from kernels.target_compile import capture_launches, compile_launch, meta_inputs
+from kernelloop.kernels.ops import extend_attention as ea
+from kernelloop.kernels.target_compile import capture_launches, compile_launch, meta_inputs
 out = []
 shape = {"batch": 4, "tokens": 2048, "prefix": 2048, "q_heads": 32, "kv_heads": 8, "head_dim": 128}  # llama-3-8b
 for dtype in (torch.bfloat16, torch.float32):
@@ -281,7 +281,7 @@ print(json.dumps(out))
 
 
 def test_baseline_compiles_for_sm90_without_spills(tmp_path):
-    from sandbox.executables import ptxas
+    from kernelloop.sandbox.executables import ptxas
 
     if ptxas() is None:
         pytest.skip("this triton build has no bundled ptxas")

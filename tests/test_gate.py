@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from agent.gate import GateConfig, alternate_speed, judge
+from kernelloop.agent.gate import GateConfig, alternate_speed, judge
 
 SUMMARY = {"greedy": [[1, 2, 3]], "kl": 1e-6, "tokens_per_second": 10.0}
 

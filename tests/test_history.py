@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from history import SCHEMA_VERSION, History, HistoryError, default_history_path
-from history.schema import MIGRATIONS
+from kernelloop.history import SCHEMA_VERSION, History, HistoryError, default_history_path
+from kernelloop.history.schema import MIGRATIONS
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,7 +221,7 @@ def test_refuses_a_database_newer_than_the_code(tmp_path):
 WORKER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from history import History
+    from kernelloop.history import History
     path, tag, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     Path(go.parent / f"ready-{tag}").touch()
     while not go.exists():

@@ -10,10 +10,10 @@ import sys
 import pytest
 import sqlite_utils
 
-from history import SCHEMA_VERSION, History, HistoryError
-from history.schema import MIGRATIONS
+from kernelloop.history import SCHEMA_VERSION, History, HistoryError
+from kernelloop.history.schema import MIGRATIONS
 
-from agent.commands import history as history_cmd
+from kernelloop.agent.commands import history as history_cmd
 from tests.test_history import hist, verdict  # noqa: F401  (hist: a fixture)
 
 
@@ -90,7 +90,7 @@ def test_an_empty_file_becomes_a_history_and_a_corrupt_one_is_refused(tmp_path):
     ({"verdict_id": 1, "accepted": False, "correct": False, "stage": "proposal"}, "not judged"),
 ])
 def test_an_answer_that_never_reached_the_sandbox_is_not_called_wrong(row, word):
-    from history.queries import outcome
+    from kernelloop.history.queries import outcome
 
     assert outcome(row) == word
 
@@ -120,7 +120,7 @@ def test_migrates_a_v2_database_adding_labels_and_keeping_rows(tmp_path):
 
 
 def test_cli_history_shows_the_label_and_the_verdict_time(capsys, tmp_path, monkeypatch):
-    import history.store as store
+    import kernelloop.history.store as store
 
     clock = iter(["2025-03-01T10:00:00.000000+00:00", "2025-03-01T10:00:00.000001+00:00",  # two proposals
                   "2025-03-01T10:07:30.000000+00:00"])  # the first one's verdict, minutes later

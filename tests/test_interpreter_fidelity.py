@@ -22,10 +22,10 @@ from triton.language.extra import libdevice
 from triton.language.extra.cuda import libdevice as cuda_libdevice
 from triton.language.extra.libdevice import rsqrt as ld_rsqrt
 
-from kernels import OPS
-from kernels import interpreter_fidelity as fidelity
-from kernels.compare import check_impl
-from kernels.device import triton_interpreted
+from kernelloop.kernels import OPS
+from kernelloop.kernels import interpreter_fidelity as fidelity
+from kernelloop.kernels.compare import check_impl
+from kernelloop.kernels.device import triton_interpreted
 
 pytestmark = [
     pytest.mark.skipif(not triton_interpreted(), reason="checks Triton's CPU interpreter"),
@@ -289,7 +289,7 @@ def test_fp32_dot_under_ieee_is_fp32():
 
 
 def test_tf32_rounding_keeps_inf_and_nan():
-    from kernels.interpreter_fidelity import _f32_to_tf32
+    from kernelloop.kernels.interpreter_fidelity import _f32_to_tf32
     import numpy as np
 
     x = np.array([np.inf, -np.inf, np.nan, np.finfo(np.float32).max, 1.0 + 2 ** -11, 1.0 + 2 ** -12], dtype=np.float32)

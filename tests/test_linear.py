@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.compare import check_impl, check_outputs
-from kernels.ops import linear as linear_mod
-from kernels.spec import DEFAULT_TOLERANCES, Tolerance, size_bucket
+from kernelloop.kernels.compare import check_impl, check_outputs
+from kernelloop.kernels.ops import linear as linear_mod
+from kernelloop.kernels.spec import DEFAULT_TOLERANCES, Tolerance, size_bucket
 
 SPEC = linear_mod.SPEC
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -188,7 +188,7 @@ def test_dispatch_key_agrees_with_bucket_and_is_cheap():
 
 
 def test_the_dispatcher_takes_a_none_bias():
-    from kernels.dispatch import Dispatcher
+    from kernelloop.kernels.dispatch import Dispatcher
 
     kd = Dispatcher(mode="baseline", device="cpu", ops={"linear": SPEC})
     x, w, b = SPEC.make_inputs({"tokens": 3, "n": 24, "k": 40}, torch.float32, 0, "cpu", {"bias": True})
@@ -316,8 +316,8 @@ def test_tf32_dots_are_caught_in_float32_only():
 
 _COMPILE = r'''
 import json, sys, torch
-from kernels.ops import linear as linear_mod
-from kernels.target_compile import capture_launches, compile_launch, meta_inputs
+from kernelloop.kernels.ops import linear as linear_mod
+from kernelloop.kernels.target_compile import capture_launches, compile_launch, meta_inputs
 
 out = []
 for tokens in (1, 2048):  # llama-3-8b fused qkv: decode (split-K + reduce) and prefill (128x256 tiles)
@@ -335,7 +335,7 @@ print(json.dumps(out))
 
 
 def _ptxas():
-    from sandbox.executables import ptxas
+    from kernelloop.sandbox.executables import ptxas
 
     return ptxas()
 

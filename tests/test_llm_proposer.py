@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from agent.proposers.base import Proposal, TuneContext
-from agent.proposers.llm import LLMProposer, extract_code, feedback_text
-from agent.proposers.prompts import kernel_text
-from kernels.ops import OPS, get_op
-from kernels.ops import rmsnorm as rmsnorm_module
-from sandbox.static_check import ALLOWED_IMPORTS, static_check
-from sandbox.verdict import FAILURES
+from kernelloop.agent.proposers.base import Proposal, TuneContext
+from kernelloop.agent.proposers.llm import LLMProposer, extract_code, feedback_text
+from kernelloop.agent.proposers.prompts import kernel_text
+from kernelloop.kernels.ops import OPS, get_op
+from kernelloop.kernels.ops import rmsnorm as rmsnorm_module
+from kernelloop.sandbox.static_check import ALLOWED_IMPORTS, static_check
+from kernelloop.sandbox.verdict import FAILURES
 from tests.fake_openai import FakeOpenAI
 
 CODE1 = '''import torch
@@ -388,7 +388,7 @@ def test_extract_code_takes_the_last_python_block():
 
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_baselines_are_shown_in_candidate_form(op):
-    source = inspect.getsource(importlib.import_module(f"kernels.ops.{op}"))
+    source = inspect.getsource(importlib.import_module(f"kernelloop.kernels.ops.{op}"))
     shown = kernel_text(source)
     assert static_check(shown, get_op(op).arg_names).ok
     assert "def forward(" in shown and "def make_inputs" not in shown and "SPEC =" not in shown

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
-from agent.loop.context import LoopContext
-from engine.config import ModelConfig
-from engine.model import LlamaModel
-from engine.weights import init_random_weights
-from history import History
-from kernels.registry import Registry
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.engine.config import ModelConfig
+from kernelloop.engine.model import LlamaModel
+from kernelloop.engine.weights import init_random_weights
+from kernelloop.history import History
+from kernelloop.kernels.registry import Registry
 
 from tests.hf_checkpoints import make_checkpoint
 

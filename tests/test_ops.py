@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from bench.baseline_plan import gpu_order
-from kernels import OPS
-from kernels.compare import check_impl
-from kernels.spec import TOKEN_BUCKETS, Cost, OpSpec, pick_shapes, size_bucket, size_class
+from kernelloop.kernels import OPS
+from kernelloop.kernels.compare import check_impl
+from kernelloop.kernels.spec import TOKEN_BUCKETS, Cost, OpSpec, pick_shapes, size_bucket, size_class
 
 CASES = [
     pytest.param(spec, shape, dtype, id=f"{name}-{'x'.join(map(str, shape.values()))}-{str(dtype)[6:]}")

@@ -11,12 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
-import profiler.http as http_driver
-from agent.commands.profile import show
-from engine.engine import Engine, EngineConfig
-from profiler.analysis import profile_rows
-from profiler.http import profile_url
-from profiler.workload import agent_workload
+import kernelloop.profiler.http as http_driver
+from kernelloop.agent.commands.profile import show
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.profiler.analysis import profile_rows
+from kernelloop.profiler.http import profile_url
+from kernelloop.profiler.workload import agent_workload
 
 from tests.serving import serve
 

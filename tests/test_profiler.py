@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import ModelConfig
-from engine.engine import Engine, EngineConfig
-from kernels.ops import OPS
-from kernels.roofline import Rates
-from profiler.analysis import profile_rows
-from profiler.http import profile_url
-from profiler.inprocess import profile_engine
-from profiler.workload import agent_workload
+from kernelloop.engine.config import ModelConfig
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.kernels.ops import OPS
+from kernelloop.kernels.roofline import Rates
+from kernelloop.profiler.analysis import profile_rows
+from kernelloop.profiler.http import profile_url
+from kernelloop.profiler.inprocess import profile_engine
+from kernelloop.profiler.workload import agent_workload
 
 from tests.serving import serve
 
@@ -130,7 +130,7 @@ def test_an_engine_dying_mid_profile_gives_a_partial_result() -> None:
 
 
 def test_an_unreachable_engine_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "agent.cli", "profile", "--engine", "http://127.0.0.1:9",
+    result = subprocess.run([sys.executable, "-m", "kernelloop.agent.cli", "profile", "--engine", "http://127.0.0.1:9",
                              "--history", str(tmp_path / "h.db")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "cannot reach a kernelloop engine at http://127.0.0.1:9" in result.stderr
@@ -139,7 +139,7 @@ def test_an_unreachable_engine_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is present")
 def test_ncu_is_a_clean_skip_without_a_gpu() -> None:
-    from profiler.ncu import ncu_metrics
+    from kernelloop.profiler.ncu import ncu_metrics
 
     result = ncu_metrics("rmsnorm", {"tokens": 2, "hidden": 64}, "float32", timeout_s=120)
     assert result["op"] == "rmsnorm" and not result["available"]

@@ -10,10 +10,10 @@ import git
 import pytest
 import torch
 
-from kernels import get_op
-from kernels.errors import RegistryError
-from kernels.registry import ANY_BUCKET, Provenance, Registry
-from kernels.registry.entry import sha256_text
+from kernelloop.kernels import get_op
+from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.registry import ANY_BUCKET, Provenance, Registry
+from kernelloop.kernels.registry.entry import sha256_text
 
 from tests.registry_support import commit_by_hand
 
@@ -177,7 +177,7 @@ def test_a_crash_mid_write_leaves_the_old_manifest(registry, monkeypatch):
     def crash(*_):
         raise OSError("disk full")
 
-    monkeypatch.setattr("kernels.registry.manifest.os.replace", crash)
+    monkeypatch.setattr("kernelloop.kernels.registry.manifest.os.replace", crash)
     with pytest.raises(OSError):
         add(registry, RMSNORM_SOURCE + "\n# v2\n")
     monkeypatch.undo()

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.engine import Engine, EngineConfig
-from kernels.registry import ANY_BUCKET, Registry
-from kernels.registry.entry import sha256_text
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.kernels.registry import ANY_BUCKET, Registry
+from kernelloop.kernels.registry.entry import sha256_text
 
 from tests.hf_checkpoints import make_checkpoint
 from tests.serving import serve
@@ -56,7 +56,7 @@ def test_rollback_with_engine_reloads_it_and_hand_edits_are_not_served(tmp_path:
         bad = httpx.post(f"{base}/kernels/reload", json={"revision": "no-such"}, timeout=60)
         assert bad.status_code == 400 and "not a commit" in bad.json()["error"]["message"]
 
-        result = subprocess.run([sys.executable, "-m", "agent.cli", "registry", "rollback", entry.id, "--registry",
+        result = subprocess.run([sys.executable, "-m", "kernelloop.agent.cli", "registry", "rollback", entry.id, "--registry",
                                  str(registry.path), "--engine", base], cwd=ROOT, capture_output=True, text=True,
                                 timeout=300)
         assert result.returncode == 0, result.stderr

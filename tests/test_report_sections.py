@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from matplotlib.figure import Figure
 
-from history import History, charts
-from history.report import CELL_BADGE, INTERPRETER_BADGE, REPORT_NAME, collect, render
+from kernelloop.history import History, charts
+from kernelloop.history.report import CELL_BADGE, INTERPRETER_BADGE, REPORT_NAME, collect, render
 
 from tests.test_history import PROFILE
 from tests.test_report import fill, run_report

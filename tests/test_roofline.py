@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from kernels import roofline
-from kernels.spec import Cost
+from kernelloop.kernels import roofline
+from kernelloop.kernels.spec import Cost
 
 
 @pytest.fixture

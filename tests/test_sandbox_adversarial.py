@@ -149,7 +149,7 @@ def judged(machine):
 
     Controls are judged in every dtype with the static check on (that run goes through every runtime
     layer too); exploits in float32 both ways, timed ones over 3 rounds."""
-    from sandbox import CheckOptions, Sandbox
+    from kernelloop.sandbox import CheckOptions, Sandbox
 
     registry = machine["tmp"].mktemp("registry")
     groups: dict[tuple[bool, bool], list[dict]] = {}
@@ -190,7 +190,7 @@ def _check(case: dict, v, mode: str) -> None:
 
 
 def test_expectations_are_well_formed():
-    from sandbox.verdict import FAILURES
+    from kernelloop.sandbox.verdict import FAILURES
 
     assert len(CASES) >= 27
     assert sum(c["control"] for c in CASES) >= 4
@@ -221,9 +221,9 @@ def test_no_secret_in_any_verdict(judged):
 def test_registry_baseline_is_confined_too(machine, payload):
     """An entry planted in the registry is the timing baseline of an honest candidate: it runs under the
     same confinement (its escapes fail), and the candidate still gets a verdict."""
-    from kernels.registry.entry import Provenance
-    from kernels.registry.store import Registry
-    from sandbox import CheckOptions, judge_files
+    from kernelloop.kernels.registry.entry import Provenance
+    from kernelloop.kernels.registry.store import Registry
+    from kernelloop.sandbox import CheckOptions, judge_files
 
     case = next(c for c in PAYLOADS if c["name"] == payload)
     registry = Registry(machine["tmp"].mktemp("planted") / "registry")
@@ -259,7 +259,7 @@ def test_cli_check_forged_verdict_is_not_believed(tmp_path):
     """The forger prints an accepted verdict line; the CLI's own last line must say otherwise."""
     forge = CANDIDATES / "forge_verdict.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "check", "rmsnorm", str(forge), "--json", "--no-timing", "--no-history",
+        [sys.executable, "-m", "kernelloop.agent.cli", "check", "rmsnorm", str(forge), "--json", "--no-timing", "--no-history",
          "--registry", str(tmp_path / "registry")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from history.queries import outcome
-from kernels.ops import OPS, get_op
-from kernels.spec import dtype_name
-from sandbox import FAILURES, CheckOptions, Sandbox, Verdict
-from sandbox.budget import Budget, timeout_s
-from sandbox.plan import CPU_SIZE_CAP, CPU_TIMING_CAP, check_cases, interpreter_shape, make_plan
+from kernelloop.history.queries import outcome
+from kernelloop.kernels.ops import OPS, get_op
+from kernelloop.kernels.spec import dtype_name
+from kernelloop.sandbox import FAILURES, CheckOptions, Sandbox, Verdict
+from kernelloop.sandbox.budget import Budget, timeout_s
+from kernelloop.sandbox.plan import CPU_SIZE_CAP, CPU_TIMING_CAP, check_cases, interpreter_shape, make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 HONEST = (REPO / "tests" / "sandbox_candidates" / "control_rmsnorm_row.py").read_text()
@@ -120,8 +120,8 @@ def test_the_cpu_battery_keeps_every_case_and_dtype(op: str) -> None:
 
 
 def test_a_shape_timed_smaller_keeps_the_registry_baseline_of_its_bucket(tmp_path: Path) -> None:
-    from kernels.registry import Registry
-    from kernels.registry.entry import Provenance
+    from kernelloop.kernels.registry import Registry
+    from kernelloop.kernels.registry.entry import Provenance
 
     spec, asked = get_op("rmsnorm"), {"tokens": 780, "hidden": 192}
     registry = Registry(tmp_path / "reg")

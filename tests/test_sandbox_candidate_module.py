@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox import CheckOptions, Sandbox
+from kernelloop.sandbox import CheckOptions, Sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 HONEST = (REPO / "tests" / "sandbox_candidates" / "control_rmsnorm_row.py").read_text()

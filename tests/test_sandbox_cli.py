@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
-from history import History
-from kernels.ops import get_op
-from kernels.registry import Registry
-from kernels.registry.entry import Provenance
-from sandbox import CheckOptions, Sandbox
+from kernelloop.agent.cli import main
+from kernelloop.history import History
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.registry import Registry
+from kernelloop.kernels.registry.entry import Provenance
+from kernelloop.sandbox import CheckOptions, Sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = REPO / "tests" / "sandbox_candidates"
@@ -23,7 +23,7 @@ CANDIDATES = REPO / "tests" / "sandbox_candidates"
 def agent(*args: str, env_home: Path) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(env_home), "KERNELLOOP_CACHE": str(env_home / "cache"),
            "TRITON_INTERPRET": "1"}
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kernelloop.agent.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=240)
 
 

@@ -19,7 +19,7 @@ import threading
 
 import pytest
 
-from sandbox.confine import ConfinementError, Policy, confine, probe
+from kernelloop.sandbox.confine import ConfinementError, Policy, confine, probe
 from tests.confine_harness import _refused
 
 

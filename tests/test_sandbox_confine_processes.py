@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import seccomp_bpf
+from kernelloop.sandbox import seccomp_bpf
 from tests.confine_harness import _refused
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.forkserver import ForkServer
+from kernelloop.sandbox.forkserver import ForkServer
 
 REPO = Path(__file__).resolve().parents[1]
 SPIN = REPO / "tests" / "sandbox_candidates" / "infinite_loop.py"  # rmsnorm, spins inside forward
@@ -58,7 +58,7 @@ def alive(pid: int, start: int) -> bool:
 
 def agent_check(*extra: str, new_session: bool = False) -> subprocess.Popen:
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "TRITON_INTERPRET": "1"}
-    return subprocess.Popen([sys.executable, "-m", "agent.cli", "check", "rmsnorm", str(SPIN), "--device", "cpu",
+    return subprocess.Popen([sys.executable, "-m", "kernelloop.agent.cli", "check", "rmsnorm", str(SPIN), "--device", "cpu",
                              "--json", "--no-history", "--timeout", "150", *extra],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=new_session)

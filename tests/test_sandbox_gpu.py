@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import CheckOptions, Sandbox
+from kernelloop.sandbox import CheckOptions, Sandbox
 
 pytestmark = pytest.mark.gpu
 TESTS = Path(__file__).resolve().parent

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.ops import get_op
-from kernels.roofline import Rates
-from kernels.stats import median_interval
-from sandbox.judge import judge_call, judge_replay, judge_timing
-from sandbox.options import CheckOptions
-from sandbox.plan import harness_memory_mb, make_plan
-from sandbox.verdict import Verdict
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.roofline import Rates
+from kernelloop.kernels.stats import median_interval
+from kernelloop.sandbox.judge import judge_call, judge_replay, judge_timing
+from kernelloop.sandbox.options import CheckOptions
+from kernelloop.sandbox.plan import harness_memory_mb, make_plan
+from kernelloop.sandbox.verdict import Verdict
 
 SPEC = get_op("rmsnorm")
 SHAPE = {"tokens": 3, "hidden": 33}

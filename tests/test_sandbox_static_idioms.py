@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.ops import get_op
-from sandbox.static_check import ALLOWED_IMPORTS, static_check
+from kernelloop.kernels.ops import get_op
+from kernelloop.sandbox.static_check import ALLOWED_IMPORTS, static_check
 from tests.sandbox_support import ARGS, HEADER, check
 
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"
@@ -22,7 +22,7 @@ CONTROLS = sorted(CANDIDATES.glob("control_*.py"))
 
 @pytest.mark.parametrize("path", CONTROLS, ids=lambda p: p.stem)
 def test_honest_candidates_pass(path: Path) -> None:
-    from kernels.ops import get_op
+    from kernelloop.kernels.ops import get_op
 
     text = path.read_text()
     op = re.search(r"^# op:\s*(\w+)", text, re.M)

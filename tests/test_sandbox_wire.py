@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from sandbox import wire
+from kernelloop.sandbox import wire
 
 
 @pytest.fixture()

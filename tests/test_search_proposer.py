@@ -12,16 +12,16 @@ import dataclasses
 import pytest
 import torch
 
-from agent.proposers.base import TuneContext
-from agent.proposers.search import SearchProposer, neighbour_distance
-from kernels.registry.entry import sha256_text
-from agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config_of, module_for, parse_header
-from kernels.compare import check_impl
-from kernels.ops import get_op
-from kernels.registry.loader import load_forward
-from sandbox.replay import kernels_from_source
-from sandbox.static_check import static_check
-from sandbox.worker import load_module
+from kernelloop.agent.proposers.base import TuneContext
+from kernelloop.agent.proposers.search import SearchProposer, neighbour_distance
+from kernelloop.kernels.registry.entry import sha256_text
+from kernelloop.agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config_of, module_for, parse_header
+from kernelloop.kernels.compare import check_impl
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.registry.loader import load_forward
+from kernelloop.sandbox.replay import kernels_from_source
+from kernelloop.sandbox.static_check import static_check
+from kernelloop.sandbox.worker import load_module
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -214,7 +214,7 @@ def test_seed_reorders_reproducibly():
 def test_on_a_gpu_configs_that_do_not_fit_it_are_skipped(monkeypatch):
     """On a GPU each pick is compiled for it first; a config with a problem (spills, too much shared
     memory, no compile) is skipped and the next one taken, so n proposals still come back."""
-    from agent.proposers import search
+    from kernelloop.agent.proposers import search
 
     checked = []
 

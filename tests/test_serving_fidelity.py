@@ -18,11 +18,11 @@ import httpx
 import pytest
 import torch
 
-from engine.cli import build_parser, main
-from engine.detokenizer import TokenBytes
-from engine.engine import Engine, EngineConfig
-from engine.sampling import SamplingParams
-from engine.scheduler import SchedulerConfig
+from kernelloop.engine.cli import build_parser, main
+from kernelloop.engine.detokenizer import TokenBytes
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.sampling import SamplingParams
+from kernelloop.engine.scheduler import SchedulerConfig
 
 from tests.hf_checkpoints import make_checkpoint
 from tests.serving import serve
@@ -108,7 +108,7 @@ def byte_level(tmp_path_factory):
     ['ä', '½ł', 'å¥½'], so its first character is split across two tokens."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.embedded.bpe import tokenizer_config, train_tokenizer
+    from kernelloop.engine.embedded.bpe import tokenizer_config, train_tokenizer
 
     path = tmp_path_factory.mktemp("fidelity") / "bytes"
     tok = train_tokenizer(BYTE_TEXTS, 300)
@@ -247,7 +247,7 @@ def test_unsupported_hidden_act_is_one_line_and_exit_2(capsys, gqa, tmp_path):
 
 
 def test_threads_are_set_before_the_engine_is_built(capsys, monkeypatch, gqa):
-    import engine.engine as engine_module
+    import kernelloop.engine.engine as engine_module
 
     events: list = []
     monkeypatch.setattr(torch, "set_num_threads", lambda n: events.append(("intra", n)))

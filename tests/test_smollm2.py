@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.convert_gguf as convert_gguf
-import engine.gguf_fetch as gguf_fetch
-from engine.errors import ModelLoadError
-from engine.model_source import KNOWN_MODELS, resolve_model_dir
+import kernelloop.engine.convert_gguf as convert_gguf
+import kernelloop.engine.gguf_fetch as gguf_fetch
+from kernelloop.engine.errors import ModelLoadError
+from kernelloop.engine.model_source import KNOWN_MODELS, resolve_model_dir
 
 SMOL = KNOWN_MODELS["smollm2"]
 PROMPTS = ["What is the capital of France?", "Write one sentence about the sea.", "What is 12 plus 7?"]
@@ -51,7 +51,7 @@ def smol_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def smol_engine(smol_dir):
-    from engine.engine import Engine, EngineConfig
+    from kernelloop.engine.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(model="smollm2"))
 
@@ -81,7 +81,7 @@ def test_converted_directory_is_what_the_engine_expects(smol_dir, smol_engine):
 def test_engine_greedy_output_equals_transformers(smol_dir, smol_engine):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.sampling import SamplingParams
+    from kernelloop.engine.sampling import SamplingParams
 
     hf = AutoModelForCausalLM.from_pretrained(str(smol_dir), dtype=torch.float32).eval()
     hf_tok = AutoTokenizer.from_pretrained(str(smol_dir))
@@ -110,7 +110,7 @@ def test_second_resolve_reuses_the_cache(smol_dir, no_conversion):
 
 @pytest.mark.slow
 def test_cli_generate_with_smollm2(smol_dir, capsys):
-    from engine.cli import main
+    from kernelloop.engine.cli import main
 
     assert main(["generate", "--model", "smollm2", "Hi", "--chat", "--max-tokens", "8", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.strip()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels.errors import KernelloopError
-from kernels.target_compile import CompileResult, parse_ptxas_log, parse_targets
-from sandbox.executables import ptxas
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.target_compile import CompileResult, parse_ptxas_log, parse_targets
+from kernelloop.sandbox.executables import ptxas
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,8 +50,8 @@ def test_targets_are_checked() -> None:
 
 _IN_COMPILED_TRITON = r'''
 import json, torch, triton, triton.language as tl
-from kernels.ops import get_op
-from kernels.target_compile import capture_launches, compile_launch, meta_inputs, specialise
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.target_compile import capture_launches, compile_launch, meta_inputs, specialise
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import make_backend
 
@@ -94,8 +94,8 @@ out["bad"] = [bad.error, bad.problem]
 out["big"] = [big.shared_bytes, compile_launch(launches[2], "sm86").problem]
 out["n_is_one"] = specialise(launches[3], make_backend(GPUTarget("cuda", 90, 32)))[:2]
 
-from agent.proposers.templates import rmsnorm as templates
-from kernels.target_compile import source_problems
+from kernelloop.agent.proposers.templates import rmsnorm as templates
+from kernelloop.kernels.target_compile import source_problems
 shapes = [{"tokens": 64, "hidden": 4096}]
 out["template_spills"] = source_problems(templates.render({"template": "multirow", "rows": 4, "num_warps": 2}),
                                          "rmsnorm", shapes, torch.bfloat16, "sm90")
@@ -134,7 +134,7 @@ def test_compiles_spills_and_failures_for_sm90_on_cpu(tmp_path: Path) -> None:
 
 def test_compiling_needs_compiled_triton() -> None:
     """In this (interpreted) process the entry point refuses with one line instead of misbehaving."""
-    from kernels.target_compile import capture_launches
+    from kernelloop.kernels.target_compile import capture_launches
 
     with pytest.raises(KernelloopError, match="TRITON_INTERPRET=0"):
         with capture_launches():

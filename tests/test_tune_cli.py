@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.cli import main
-from agent.loop.context import LoopContext
-from agent.loop.graph import unfinished_run
-from history import History
-from kernels.registry import Registry
+from kernelloop.agent.cli import main
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.graph import unfinished_run
+from kernelloop.history import History
+from kernelloop.kernels.registry import Registry
 
 
 def test_a_run_for_another_op_is_never_resumed_in_its_place(tmp_path: Path, capsys) -> None:
@@ -38,7 +38,7 @@ def test_a_committed_kernel_says_how_to_serve_it() -> None:
     did not use it and nothing said so."""
     import argparse
 
-    from agent.commands.tune import serving_hint
+    from kernelloop.agent.commands.tune import serving_hint
 
     state = {"op": "rmsnorm", "committed": {"entry_id": "rmsnorm-abc"}}
     local = serving_hint(state, argparse.Namespace(engine=None, model="smollm2"), "/r", "/m")

@@ -21,17 +21,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.cli import main as agent_main
-from agent.loop.context import LoopContext
-from agent.loop.graph import run_tune
-from agent.loop.state import TuneSettings
-from agent.proposers.base import TuneContext
-from agent.proposers.llm import LLMEndpointError, LLMProposer, classify_answer
-from agent.proposers.prompts import bare_code, kernel_text
-from history import History
-from kernels.ops import OPS, get_op
-from kernels.registry import Registry
-from sandbox.static_check import static_check
+from kernelloop.agent.cli import main as agent_main
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.graph import run_tune
+from kernelloop.agent.loop.state import TuneSettings
+from kernelloop.agent.proposers.base import TuneContext
+from kernelloop.agent.proposers.llm import LLMEndpointError, LLMProposer, classify_answer
+from kernelloop.agent.proposers.prompts import bare_code, kernel_text
+from kernelloop.history import History
+from kernelloop.kernels.ops import OPS, get_op
+from kernelloop.kernels.registry import Registry
+from kernelloop.sandbox.static_check import static_check
 from tests.fake_openai import FakeOpenAI
 
 ROOT = Path(__file__).parents[1]
@@ -163,7 +163,7 @@ def test_a_repeated_module_is_recorded_as_a_duplicate_and_not_judged_twice(tmp_p
 
 def test_every_answer_unusable_exits_non_zero_with_the_cause(tmp_path: Path, monkeypatch, capsys) -> None:
     script = [PROSE, {"text": "la " * 30, "finish_reason": "length"}, ""]
-    monkeypatch.setattr("agent.commands.tune.LoopContext", CannedProfile)  # no engine: the canned profile
+    monkeypatch.setattr("kernelloop.agent.commands.tune.LoopContext", CannedProfile)  # no engine: the canned profile
     with FakeOpenAI(script) as fake:
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
         code = agent_main(["tune", OP, "--proposer", "llm", "--llm-model", "fake-model", "--device", "cpu",
@@ -232,7 +232,7 @@ def test_a_model_the_endpoint_does_not_serve_fails_fast_before_profiling(tmp_pat
 # -- a model with a small context window --------------------------------------------------------
 
 def _ctx() -> TuneContext:
-    from kernels.ops import silu_mul
+    from kernelloop.kernels.ops import silu_mul
 
     return TuneContext(op=OP, dtype="float32", device="cpu", shapes=(SHAPE,), best_source=None,
                        baseline_source=inspect.getsource(silu_mul), roofline={}, failures=())
@@ -257,7 +257,7 @@ def test_a_prompt_too_long_for_the_model_is_compacted() -> None:
 def test_the_compact_task_shows_a_valid_current_kernel(op: str) -> None:
     import importlib
 
-    source = inspect.getsource(importlib.import_module(f"kernels.ops.{op}"))
+    source = inspect.getsource(importlib.import_module(f"kernelloop.kernels.ops.{op}"))
     shown = bare_code(kernel_text(source))
     assert static_check(shown, get_op(op).arg_names).ok and '"""' not in shown and "#" not in shown
 
@@ -327,7 +327,7 @@ def test_agent_tune_with_engine_serve_as_the_llm(tmp_path: Path) -> None:
     port = _free_port()
     base = f"http://127.0.0.1:{port}/v1"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", str(port), "--device", "cpu",
+    server = subprocess.Popen([sys.executable, "-m", "kernelloop.engine.cli", "serve", "--port", str(port), "--device", "cpu",
                                "--served-model-name", "tiny-llm"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -343,7 +343,7 @@ def test_agent_tune_with_engine_serve_as_the_llm(tmp_path: Path) -> None:
         rounds, candidates = 3, 2
         started = time.monotonic()
         result = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "tune", OP, "--proposer", "llm", "--llm-model", "tiny-llm",
+            [sys.executable, "-m", "kernelloop.agent.cli", "tune", OP, "--proposer", "llm", "--llm-model", "tiny-llm",
              "--llm-max-tokens", "48", "--llm-timeout", "30", "--model", str(model_dir), "--device", "cpu",
              "--rounds", str(rounds), "--candidates", str(candidates), "--registry", str(tmp_path / "reg"),
              "--history", str(tmp_path / "h.db"), "--json"],

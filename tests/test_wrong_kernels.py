@@ -7,9 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import OPS
-from kernels.compare import check_impl
-from kernels.ops import decode_attention, fused_add_rmsnorm, rmsnorm, rope, silu_mul
+from kernelloop.kernels import OPS
+from kernelloop.kernels.compare import check_impl
+from kernelloop.kernels.ops import decode_attention, fused_add_rmsnorm, rmsnorm, rope, silu_mul
 
 
 @triton.jit

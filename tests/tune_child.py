@@ -8,13 +8,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agent.gate import GATE_PROMPTS, GateConfig
-from agent.loop.context import LoopContext
-from agent.loop.graph import run_tune, unfinished_run
-from agent.loop.state import TuneSettings
-from agent.proposers.base import Proposal
-from history import History
-from kernels.registry import Registry
+from kernelloop.agent.gate import GATE_PROMPTS, GateConfig
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.graph import run_tune, unfinished_run
+from kernelloop.agent.loop.state import TuneSettings
+from kernelloop.agent.proposers.base import Proposal
+from kernelloop.history import History
+from kernelloop.kernels.registry import Registry
 
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"
 FILES = ["unwritten_tail.py", "control_rmsnorm_row.py", "control_rmsnorm_multirow.py"]

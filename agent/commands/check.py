@@ -12,14 +12,14 @@ import json
 import sys
 from pathlib import Path
 
-from kernels import get_op
-from kernels.device import resolve_device
-from kernels.errors import KernelloopError
-from kernels.target_compile import parse_targets
-from history import History
-from sandbox import CheckOptions, Sandbox
+from kernelloop.kernels import get_op
+from kernelloop.kernels.device import resolve_device
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.target_compile import parse_targets
+from kernelloop.history import History
+from kernelloop.sandbox import CheckOptions, Sandbox
 
-from agent.render import print_table, throttled
+from kernelloop.agent.render import print_table, throttled
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,15 +6,15 @@ import argparse
 import logging
 import sys
 
-from agent.commands.tune import engine_target
-from agent.commands.tune_args import add_tune_arguments, build_proposers, check_tune_arguments, close_proposers, proposer_names
-from agent.daemon import Daemon, DaemonMetrics, serve_metrics
-from agent.gate import GateConfig
-from agent.loop.context import LoopContext
-from agent.loop.state import TuneSettings
-from history import History
-from kernels.errors import KernelloopError
-from kernels.registry import Registry
+from kernelloop.agent.commands.tune import engine_target
+from kernelloop.agent.commands.tune_args import add_tune_arguments, build_proposers, check_tune_arguments, close_proposers, proposer_names
+from kernelloop.agent.daemon import Daemon, DaemonMetrics, serve_metrics
+from kernelloop.agent.gate import GateConfig
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.state import TuneSettings
+from kernelloop.history import History
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.registry import Registry
 
 log = logging.getLogger("kernelloop.daemon")
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     log.setLevel(logging.INFO)
     log.propagate = False
     if args.op is not None:
-        from kernels import get_op
+        from kernelloop.kernels import get_op
 
         get_op(args.op)
     proposers = build_proposers(args)  # before the engine: a dead LLM endpoint is one line, exit 2

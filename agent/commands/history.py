@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from history import History, default_history_path
-from history.queries import attempt_time, outcome
-from kernels import get_op
+from kernelloop.history import History, default_history_path
+from kernelloop.history.queries import attempt_time, outcome
+from kernelloop.kernels import get_op
 
-from agent.render import print_json, print_table
-from engine.cli import positive_int
+from kernelloop.agent.render import print_json, print_table
+from kernelloop.engine.cli import positive_int
 
 
 def add_history_argument(p: argparse.ArgumentParser) -> None:

@@ -6,13 +6,13 @@ import argparse
 import sys
 import time
 
-from kernels import OPS, get_op
-from kernels.compare import CheckResult, check_impl
-from kernels.device import device_fingerprint, resolve_device
-from kernels.errors import KernelloopError
-from kernels.spec import dtype_name, parse_dtype, pick_shapes
+from kernelloop.kernels import OPS, get_op
+from kernelloop.kernels.compare import CheckResult, check_impl
+from kernelloop.kernels.device import device_fingerprint, resolve_device
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.spec import dtype_name, parse_dtype, pick_shapes
 
-from agent.render import print_json, print_table
+from kernelloop.agent.render import print_json, print_table
 
 ENGINE_SHAPES = 12  # on a GPU, this many engine shapes per op, spread over models, decode and prefill
 
@@ -35,7 +35,7 @@ def template(op: str) -> str:
     """The op's baseline as a candidate: its module without the spec plumbing, helpers inlined."""
     import inspect
 
-    from agent.proposers.prompts import kernel_text
+    from kernelloop.agent.proposers.prompts import kernel_text
 
     spec = get_op(op)
     return (f"# {op}: the baseline Triton kernel as a self-contained candidate.\n"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from agent import pr
-from agent.render import print_json
+from kernelloop.agent import pr
+from kernelloop.agent.render import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernels.errors import KernelloopError
-from profiler.workload import agent_workload
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.profiler.workload import agent_workload
 
-from agent.render import print_json, print_table
+from kernelloop.agent.render import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine:
         if args.trace is not None:
             raise KernelloopError("--trace needs an in-process engine (drop --engine)")
-        from profiler.http import profile_url
+        from kernelloop.profiler.http import profile_url
 
         profile = profile_url(args.engine, workload, concurrency=args.concurrency, seconds=args.seconds,
                               progress=_progress)
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         profile = _profile_in_process(args, workload)
     print(file=sys.stderr)
     if args.ncu:
-        from kernels import get_op
-        from profiler.ncu import ncu_metrics
+        from kernelloop.kernels import get_op
+        from kernelloop.profiler.ncu import ncu_metrics
 
         get_op(args.ncu)  # an unknown op is a usage error
         profile["ncu"] = ncu_metrics(args.ncu)
@@ -76,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _profile_in_process(args: argparse.Namespace, workload: list) -> dict[str, Any]:
-    from kernels.device import resolve_device
+    from kernelloop.kernels.device import resolve_device
 
-    from engine.engine import Engine, EngineConfig
-    from profiler.inprocess import profile_engine
+    from kernelloop.engine.engine import Engine, EngineConfig
+    from kernelloop.profiler.inprocess import profile_engine
 
     device = resolve_device(args.device)
     print(f"starting an in-process engine ({args.model or 'embedded model'}, {device}, kernels={args.kernels})",
@@ -90,7 +90,7 @@ def _profile_in_process(args: argparse.Namespace, workload: list) -> dict[str, A
 
 
 def _record(path: Path | None, profile: dict[str, Any]) -> int:
-    from history import History
+    from kernelloop.history import History
 
     with History(path) as history:
         return history.record_profile(profile)

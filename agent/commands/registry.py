@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernels import get_op
-from kernels.errors import RegistryError
-from kernels.registry import Registry
-from kernels.registry.entry import sha256_text
+from kernelloop.kernels import get_op
+from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.registry import Registry
+from kernelloop.kernels.registry.entry import sha256_text
 
-from agent.commands.tune_args import add_registry_argument
-from agent.render import console, print_json, print_table, warn
+from kernelloop.agent.commands.tune_args import add_registry_argument
+from kernelloop.agent.render import console, print_json, print_table, warn
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -101,7 +101,7 @@ def run_rollback(args: argparse.Namespace) -> int:
     commit = reg.rollback(args.target)
     print(f"rolled back: {commit.sha[:10]} {commit.message.splitlines()[0]}")
     if args.engine:
-        from agent.remote import RemoteEngine
+        from kernelloop.agent.remote import RemoteEngine
 
         changed = RemoteEngine(args.engine, timeout_s=60).reload_kernels()
         shown = "; ".join(f"{op} {where}: {old} -> {new}" for op, c in changed.items() for where, (old, new) in c.items())

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from history import default_history_path, default_report_dir
-from kernels.errors import KernelloopError
+from kernelloop.history import default_history_path, default_report_dir
+from kernelloop.kernels.errors import KernelloopError
 
-from agent.commands.history import add_history_argument
+from kernelloop.agent.commands.history import add_history_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from history.report import write_report  # matplotlib only when a report is asked for
+    from kernelloop.history.report import write_report  # matplotlib only when a report is asked for
 
     path = default_history_path() if args.history is None else Path(args.history).expanduser()
     out = default_report_dir() if args.out is None else Path(args.out).expanduser()

@@ -21,20 +21,20 @@ from typing import Any
 
 import torch
 
-from agent.commands.tune_args import (add_tune_arguments, build_proposers, check_tune_arguments,
+from kernelloop.agent.commands.tune_args import (add_tune_arguments, build_proposers, check_tune_arguments,
                                      close_proposers, proposer_names)
-from agent.gate import GateConfig
-from agent.loop.context import LoopContext
-from agent.loop.graph import checkpointed_op, run_tune, unfinished_run, unfinished_runs
-from agent.loop.state import TuneSettings
-from history.queries import PROPOSAL_STAGE
-from agent.remote import RemoteEngine
-from agent.render import print_json, print_table
-from history import History
-from kernels import get_op
-from kernels.device import device_fingerprint, resolve_device
-from kernels.errors import KernelloopError
-from kernels.registry import Registry
+from kernelloop.agent.gate import GateConfig
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.graph import checkpointed_op, run_tune, unfinished_run, unfinished_runs
+from kernelloop.agent.loop.state import TuneSettings
+from kernelloop.history.queries import PROPOSAL_STAGE
+from kernelloop.agent.remote import RemoteEngine
+from kernelloop.agent.render import print_json, print_table
+from kernelloop.history import History
+from kernelloop.kernels import get_op
+from kernelloop.kernels.device import device_fingerprint, resolve_device
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.registry import Registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,8 +8,8 @@ import os
 import sys
 from typing import Any
 
-from agent.gate import GateConfig
-from kernels.errors import KernelloopError
+from kernelloop.agent.gate import GateConfig
+from kernelloop.kernels.errors import KernelloopError
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,11 +70,11 @@ def build_proposers(args: argparse.Namespace) -> dict[str, Any]:
     """The proposers asked for; an LLM endpoint is checked (GET /models) before any other work."""
     out: dict[str, Any] = {}
     if args.proposer in ("search", "both"):
-        from agent.proposers.search import SearchProposer
+        from kernelloop.agent.proposers.search import SearchProposer
 
         out["search"] = SearchProposer()
     if args.proposer in ("llm", "both"):
-        from agent.proposers.llm import LLMProposer
+        from kernelloop.agent.proposers.llm import LLMProposer
 
         if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
             raise KernelloopError("--proposer llm needs OPENAI_BASE_URL (and OPENAI_API_KEY) for an OpenAI-compatible endpoint")

@@ -11,13 +11,13 @@ import sys
 
 import httpx
 
-from agent.commands.tune_args import add_history_argument, add_registry_argument
-from agent.render import print_json, print_table
-from agent.verify import verify_registry
-from history import History
-from kernels.device import resolve_device
-from kernels.errors import KernelloopError
-from kernels.registry import Registry
+from kernelloop.agent.commands.tune_args import add_history_argument, add_registry_argument
+from kernelloop.agent.render import print_json, print_table
+from kernelloop.agent.verify import verify_registry
+from kernelloop.history import History
+from kernelloop.kernels.device import resolve_device
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.registry import Registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agent.gate import GateConfig, Measurement, measure, prompt_ids
-from agent.remote import RemoteEngine
-from agent.render import throttled
-from engine.engine import Engine, EngineConfig
-from profiler.inprocess import profile_engine
-from profiler.workload import WorkloadRequest
-from history import History
-from kernels.registry import Registry
-from sandbox import CheckOptions, Sandbox
+from kernelloop.agent.gate import GateConfig, Measurement, measure, prompt_ids
+from kernelloop.agent.remote import RemoteEngine
+from kernelloop.agent.render import throttled
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.profiler.inprocess import profile_engine
+from kernelloop.profiler.workload import WorkloadRequest
+from kernelloop.history import History
+from kernelloop.kernels.registry import Registry
+from kernelloop.sandbox import CheckOptions, Sandbox
 
 
 @dataclass

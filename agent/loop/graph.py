@@ -21,9 +21,9 @@ from typing import Any
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-from agent.loop.context import LoopContext
-from agent.loop.nodes import Nodes
-from agent.loop.state import TuneSettings, TuneState
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.nodes import Nodes
+from kernelloop.agent.loop.state import TuneSettings, TuneState
 
 RECURSION_LIMIT = 500  # steps per run: one per candidate judged, plus a handful
 

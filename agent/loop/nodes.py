@@ -17,18 +17,18 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from agent.gate import GateResult, alternate_speed, judge, summary
-from agent.loop.context import LoopContext
-from agent.loop.state import TuneSettings, TuneState
-from agent.loop.target import choose_target, op_shapes
-from agent.proposers.base import Proposal, TuneContext
-from agent.proposers.feedback import PROPOSAL_FAILURES, PROPOSAL_STAGE, proposal_verdict
-from kernels.device import device_fingerprint
-from kernels.ops import get_op
-from kernels.registry.entry import Provenance, sha256_text
-from profiler.workload import agent_workload
-from sandbox import CheckOptions
-from sandbox.verdict import CORRECT_FAILURES
+from kernelloop.agent.gate import GateResult, alternate_speed, judge, summary
+from kernelloop.agent.loop.context import LoopContext
+from kernelloop.agent.loop.state import TuneSettings, TuneState
+from kernelloop.agent.loop.target import choose_target, op_shapes
+from kernelloop.agent.proposers.base import Proposal, TuneContext
+from kernelloop.agent.proposers.feedback import PROPOSAL_FAILURES, PROPOSAL_STAGE, proposal_verdict
+from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.registry.entry import Provenance, sha256_text
+from kernelloop.profiler.workload import agent_workload
+from kernelloop.sandbox import CheckOptions
+from kernelloop.sandbox.verdict import CORRECT_FAILURES
 
 VERDICT_KEYS = ("correct", "accepted", "speedup", "speedup_interval", "failure", "reason", "stage", "baseline")
 

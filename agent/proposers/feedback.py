@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.proposers.prompts import gb_per_s
-from history.queries import PROPOSAL_STAGE
-from sandbox.verdict import CORRECT_FAILURES
+from kernelloop.agent.proposers.prompts import gb_per_s
+from kernelloop.history.queries import PROPOSAL_STAGE
+from kernelloop.sandbox.verdict import CORRECT_FAILURES
 
 MAX_LOG_CHARS = 600        # of a verdict's log_tail quoted back (load errors, tracebacks)
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import openai
 
-from agent.proposers.base import Proposal, TuneContext
-from agent.proposers.feedback import PROPOSAL_STAGE, feedback_text, next_round_text, proposal_verdict
-from agent.proposers.prompts import SYSTEM_PROMPT, compact_task_prompt, task_prompt
-from kernels.errors import KernelloopError
+from kernelloop.agent.proposers.base import Proposal, TuneContext
+from kernelloop.agent.proposers.feedback import PROPOSAL_STAGE, feedback_text, next_round_text, proposal_verdict
+from kernelloop.agent.proposers.prompts import SYSTEM_PROMPT, compact_task_prompt, task_prompt
+from kernelloop.kernels.errors import KernelloopError
 
 __all__ = ["LLMEndpointError", "LLMProposer", "classify_answer", "extract_code", "feedback_text"]
 

@@ -15,8 +15,8 @@ import json
 import re
 from typing import Any, Iterable
 
-from kernels.ops import get_op
-from sandbox.static_check import ALLOWED_IMPORTS
+from kernelloop.kernels.ops import get_op
+from kernelloop.sandbox.static_check import ALLOWED_IMPORTS
 
 MAX_FAILURES_SHOWN = 4     # earlier failed attempts from history quoted in the task
 MAX_SHAPES_SHOWN = 8
@@ -105,7 +105,7 @@ def _segment(source: str, node: ast.stmt) -> str:
 
 
 def _inline_import(node: ast.ImportFrom) -> str:
-    """The definitions a `from kernels.ops.<mod> import a, b` brings in, as source; else a note."""
+    """The definitions a `from kernelloop.kernels.ops.<mod> import a, b` brings in, as source; else a note."""
     names = [a.name for a in node.names]
     try:
         module_source = inspect.getsource(importlib.import_module(node.module or ""))
@@ -141,7 +141,7 @@ def _unused_helpers(tree: ast.Module, keep: set[str]) -> set[str]:
 
 def kernel_text(source: str) -> str:
     """A kernel module as a candidate would hold it: a baseline's spec plumbing (reference, make_inputs,
-    SPEC, ...), helpers only they use and `kernels.*` imports removed, helpers imported from other
+    SPEC, ...), helpers only they use and `kernelloop.kernels.*` imports removed, helpers imported from other
     op modules inlined. Registry entries (already candidates) come back unchanged; unparsable text too."""
     try:
         tree = ast.parse(source)
@@ -149,7 +149,7 @@ def kernel_text(source: str) -> str:
         return source
     plumbing = [n for n in tree.body if _defined_names(n) & SPEC_PLUMBING and isinstance(
         n, (ast.FunctionDef, ast.Assign, ast.AnnAssign))]
-    imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "kernels"]
+    imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("kernelloop.kernels")]
     if not plumbing and not imports:
         return source
     pruned = ast.Module(body=[n for n in tree.body if n not in plumbing], type_ignores=[])
@@ -162,7 +162,7 @@ def kernel_text(source: str) -> str:
         replace[start] = (node.end_lineno or start, "")
     for node in imports:
         module = node.module or ""
-        text = _inline_import(node) if module.startswith("kernels.ops.") else ""
+        text = _inline_import(node) if module.startswith("kernelloop.kernels.ops.") else ""
         replace[node.lineno] = (node.end_lineno or node.lineno, text)
     out: list[str] = []
     i = 1

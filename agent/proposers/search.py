@@ -36,14 +36,14 @@ import random
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from agent.proposers.base import Proposal, TuneContext
-from agent.proposers.templates import config_of, module_for, parse_header
-from kernels.device import triton_interpreted
-from kernels.ops import get_op
-from kernels.registry.entry import sha256_text
-from kernels.spec import parse_dtype
-from kernels.target_compile import device_target, source_problems
-from sandbox.verdict import CORRECT_FAILURES
+from kernelloop.agent.proposers.base import Proposal, TuneContext
+from kernelloop.agent.proposers.templates import config_of, module_for, parse_header
+from kernelloop.kernels.device import triton_interpreted
+from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.registry.entry import sha256_text
+from kernelloop.kernels.spec import parse_dtype
+from kernelloop.kernels.target_compile import device_target, source_problems
+from kernelloop.sandbox.verdict import CORRECT_FAILURES
 
 log = logging.getLogger(__name__)
 

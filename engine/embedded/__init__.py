@@ -29,9 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.gguf_fetch import sha256_file
-from engine.tokenizer import render_chat_template
-from kernels.device import cache_root
+from kernelloop import IMPORT_ROOT
+from kernelloop.engine.gguf_fetch import sha256_file
+from kernelloop.engine.tokenizer import render_chat_template
+from kernelloop.kernels.device import cache_root
 
 from .bpe import BOS, CHAT_TEMPLATE, EOS, train_tokenizer
 from .corpus import Document, generate_corpus
@@ -112,11 +113,10 @@ def build_in_subprocess(out_dir: Path) -> dict:
     caller's torch settings alone. OpenMP workers spin only briefly before sleeping, so a build
     on cores that are busy with other work slows down a few times, not tens of times.
     """
-    package_root = Path(__file__).resolve().parents[2]  # the folder holding `engine/`
     env = {**os.environ, "OMP_NUM_THREADS": str(TRAIN_THREADS), "MKL_NUM_THREADS": str(TRAIN_THREADS),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(package_root), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(IMPORT_ROOT), os.environ.get("PYTHONPATH")]))}
     env.setdefault("GOMP_SPINCOUNT", "10000")
-    proc = subprocess.run([sys.executable, "-m", "engine.embedded", "--build-into", str(out_dir)],
+    proc = subprocess.run([sys.executable, "-m", "kernelloop.engine.embedded", "--build-into", str(out_dir)],
                           env=env, stdout=subprocess.PIPE, text=True)  # progress: stderr, as is
     if proc.returncode != 0:
         raise RuntimeError(f"building the embedded model failed (exit status {proc.returncode}); "

@@ -1,4 +1,4 @@
-"""`python -m engine.embedded [CACHE_ROOT]`: build the embedded model if needed, print its path.
+"""`python -m kernelloop.engine.embedded [CACHE_ROOT]`: build the embedded model if needed, print its path.
 
 `--build-into DIR` (used by `ensure_embedded_model`): build into the empty directory DIR, print the
 build facts as JSON.
@@ -14,7 +14,7 @@ from . import build_embedded_model, ensure_embedded_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m engine.embedded", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m kernelloop.engine.embedded", description=__doc__)
     parser.add_argument("cache_root", nargs="?", type=Path, help="default: $KERNELLOOP_CACHE or ~/.cache/kernelloop")
     parser.add_argument("--build-into", type=Path, metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kernels.errors import UnknownOpError
-from kernels.spec import OpSpec
+from kernelloop.kernels.errors import UnknownOpError
+from kernelloop.kernels.spec import OpSpec
 
 from . import decode_attention, extend_attention, fused_add_rmsnorm, linear, rmsnorm, rope, silu_mul
 

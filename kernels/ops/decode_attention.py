@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.models import DECODE_CONTEXTS, DECODE_TOKENS, MODELS
-from kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class, some_rows, variant_of
+from kernelloop.kernels.models import DECODE_CONTEXTS, DECODE_TOKENS, MODELS
+from kernelloop.kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class, some_rows, variant_of
 
 BLOCK_N = 32  # tokens per tile of the online softmax
 MAX_SPLITS = 16  # kv splits per request (flash-decoding)

@@ -34,9 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.models import MODELS, PREFILL_TOKENS
-from kernels.precision import full_precision_matmuls
-from kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class, some_rows, variant_of
+from kernelloop.kernels.models import MODELS, PREFILL_TOKENS
+from kernelloop.kernels.precision import full_precision_matmuls
+from kernelloop.kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class, some_rows, variant_of
 
 # Engine shapes: prefill chunks (new tokens per forward, all requests together) over these cached
 # prefixes per request, in batches of these many requests.

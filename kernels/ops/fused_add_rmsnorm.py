@@ -11,9 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.ops.rmsnorm import MAX_FUSED_SIZE, num_warps_for, rows_view
-from kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
+from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
+from kernelloop.kernels.ops.rmsnorm import MAX_FUSED_SIZE, num_warps_for, rows_view
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
                           size_class, variant_of, vary_rows)
 
 

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.precision import full_precision_matmuls
-from kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
+from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
+from kernelloop.kernels.precision import full_precision_matmuls
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
                           size_class, variant_of, vary_rows)
 
 # Vocabulary sizes (lm_head's N), by kernels.models.MODELS name.

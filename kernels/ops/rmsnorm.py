@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
+from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
                           size_class, variant_of, vary_rows)
 
 MAX_FUSED_SIZE = 65536  # one row must fit one program's registers

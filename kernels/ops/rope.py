@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, Variant, size_class, some_rows, variant_of
+from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
+from kernelloop.kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, Variant, size_class, some_rows, variant_of
 
 ROPE_THETA = 500000.0  # Llama-3
 DEFAULT_MAX_POS = 8192 + 256  # make_inputs' cache length unless the shape gives `max_pos`

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.models import ENGINE_TOKENS, MODELS
-from kernels.ops.rmsnorm import rows_view
-from kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
+from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
+from kernelloop.kernels.ops.rmsnorm import rows_view
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
                           size_class, variant_of, vary_rows)
 
 MAX_BLOCK = 1024  # columns per program; wide rows are split over grid axis 1

@@ -10,8 +10,8 @@ import linecache
 import types
 from typing import Callable
 
-from kernels.errors import RegistryError
-from kernels.registry.entry import sha256_text
+from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.registry.entry import sha256_text
 
 _loaded: dict[str, Callable] = {}  # sha256 -> forward; Triton kernels compile once per process
 

@@ -11,8 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from kernels.errors import RegistryError
-from kernels.registry.entry import Entry
+from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.registry.entry import Entry
 
 FORMAT = 1
 MANIFEST_NAME = "manifest.json"

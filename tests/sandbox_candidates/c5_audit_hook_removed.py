@@ -22,7 +22,7 @@ IPC_CREAT = 0o1000
 
 
 def _disable_audit_hook(sys) -> str:
-    guards = sys.modules["sandbox.guards"]
+    guards = sys.modules["kernelloop.sandbox.guards"]
     guards._BLOCKED_EVENTS.clear()
     gc = sys.modules["gc"]
     function = type(_disable_audit_hook)

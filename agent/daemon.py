@@ -19,6 +19,7 @@ from typing import Any, Callable
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune, unfinished_run
 from kernelloop.agent.loop.state import TuneSettings
+from kernelloop.kernels.progress import takes_every_step
 
 log = logging.getLogger("kernelloop.daemon")
 
@@ -78,6 +79,7 @@ class Daemon:
             if self._stop.is_set():
                 raise Stopping()
             inner(message)
+        progress.takes_every_step = takes_every_step(inner)  # type: ignore[attr-defined]  # still a terminal's bars
         return progress
 
     def request_stop(self, *_: Any) -> None:

@@ -1,9 +1,10 @@
 """The end-to-end quality gate: a kernel change must not change what the model says.
 
 Over a fixed prompt set, greedy decoding runs on the engine as it was (before the registry commit)
-and as it is (after commit + reload), and on a reference engine (float32 torch ops, no Triton). At
-every generated position the full next-token distribution is captured (Engine.logits_hook), and
-KL(reference || engine) is averaged over positions. The change passes when
+and as it is (after commit + reload), and on a reference engine (float32 torch ops, no Triton); each is
+reached through an engine handle (agent/engine_handle.py: in this process or over HTTP, measured by the
+same engine code either way). At every generated position the full next-token distribution is captured
+in float64 (Engine.logits_hook), and KL(reference || engine) is averaged over positions. The change passes when
 
     greedy tokens after == greedy tokens before        (bitwise-stable decoding)
     KL after <= KL before + kl_margin                  (no silent quality loss)
@@ -20,36 +21,21 @@ A failed gate is the caller's cue to roll the registry commit back and reload.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from statistics import median
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
-from kernelloop.engine.engine import Engine
-from kernelloop.engine.sampling import SamplingParams
+from kernelloop.agent.loop.state import GateConfig
+from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.stats import median_interval
-
-GATE_PROMPTS = (
-    "What is 3 plus 4?",
-    "Once upon a time, a small robot",
-    "List three colours.",
-    "What is 12 minus 5?",
-)
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    prompts: tuple[str, ...] = GATE_PROMPTS
-    max_tokens: int = 6
-    kl_margin: float = 1e-4      # nats per position
-    tps_tolerance: float = 0.10  # a drop counts only when the whole after/before interval is below 1 - this
-    speed_rounds: int = 3        # alternated before/after tokens/s measurements (one ratio per round)
 
 
 @dataclass
 class Measurement:
+    """One gate measurement of an engine (agent/engine_handle.py `measure`; taken by engine/gate_measure.py)."""
+
     greedy: list[list[int]]
     logprobs: list[torch.Tensor] = field(repr=False)  # per prompt: [positions, vocab] float64 log-probabilities
     tokens_per_second: float
@@ -72,8 +58,13 @@ class GateResult:
         return asdict(self)
 
 
-def prompt_ids(engine: Engine, prompts: tuple[str, ...]) -> list[list[int]]:
-    """The gate prompts as token ids (chat-templated when the model has a template)."""
+class HasTokenizer(Protocol):
+    tokenizer: Any  # engine/tokenizer.py's Tokenizer: chat_template, encode, apply_chat_template
+
+
+def prompt_ids(engine: HasTokenizer, prompts: tuple[str, ...]) -> list[list[int]]:
+    """The gate prompts as token ids (chat-templated when the model has a template), by the tokenizer of
+    `engine` (an Engine, or a LocalEngine handle)."""
     tok = engine.tokenizer
     if tok.chat_template is not None:
         return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
@@ -81,33 +72,8 @@ def prompt_ids(engine: Engine, prompts: tuple[str, ...]) -> list[list[int]]:
     return [tok.encode(p) for p in prompts]
 
 
-def measure(engine: Engine, config: GateConfig, warmup: bool = True) -> Measurement:
-    """Greedy decoding of every prompt (one batch), with the full distribution at each position."""
-    prompts = prompt_ids(engine, config.prompts)
-    params = SamplingParams(max_tokens=config.max_tokens, temperature=0.0, ignore_eos=True)
-    if warmup:
-        # Untimed first: a kernel's first call pays one-time costs (Triton's JIT, or the interpreter's
-        # rewrite of the kernel) that a freshly reloaded variant would otherwise carry into tokens/s.
-        engine.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    captured: dict[str, list[torch.Tensor]] = {}
-
-    def hook(reqs: list, logits: torch.Tensor) -> None:
-        for req, row in zip(reqs, logits):
-            captured.setdefault(req.rid, []).append(torch.log_softmax(row.double(), dim=-1).cpu())
-
-    engine.logits_hook = hook
-    try:
-        start = time.perf_counter()
-        reqs = engine.generate(prompts, params)
-        seconds = time.perf_counter() - start
-    finally:
-        engine.logits_hook = None
-    tps = sum(len(r.output_ids) for r in reqs) / seconds
-    return Measurement([list(r.output_ids) for r in reqs], [torch.stack(captured[r.rid]) for r in reqs], tps)
-
-
 def alternate_speed(measure_at: Callable[[str, bool], float], before: str, after: str, rounds: int,
-                    progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+                    progress: Progress = lambda message: None) -> dict[str, Any]:
     """tokens/s at registry commit `before` and at `after`, alternated `rounds` times (the order flips
     every round, so a drift in machine load hits both sides alike). `measure_at(revision, warmup)`
     reloads the engine at that commit and returns one tokens/s figure, after an untimed warm-up on a
@@ -117,8 +83,10 @@ def alternate_speed(measure_at: Callable[[str, bool], float], before: str, after
         order = ((before, tps_before), (after, tps_after))
         for revision, sink in (order if i % 2 == 0 else order[::-1]):
             sink.append(measure_at(revision, i == 0))
-        progress(f"  gate round {i + 1}/{rounds}: tokens/s before {tps_before[-1]:.1f}, after {tps_after[-1]:.1f} "
-                 f"({tps_after[-1] / max(tps_before[-1], 1e-12):.2f}x)")
+        figures = (f"tokens/s before {tps_before[-1]:.1f}, after {tps_after[-1]:.1f} "
+                   f"({tps_after[-1] / max(tps_before[-1], 1e-12):.2f}x)")
+        progress(Step(f"  gate round {i + 1}/{rounds}: {figures}", "gate rounds", i + 1, max(1, rounds),
+                      detail=figures, log=True))
     ratios = [a / max(b, 1e-12) for a, b in zip(tps_after, tps_before)]
     ratio, lo, hi = median_interval(ratios)
     return {"before": tps_before, "after": tps_after, "ratios": ratios, "ratio": ratio, "interval": [lo, hi]}

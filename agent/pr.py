@@ -10,7 +10,6 @@ When a GitHub token and repository are known, the pull request is opened through
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -28,9 +27,10 @@ from kernelloop.history import History, default_history_path
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.registry import Registry
 from kernelloop.kernels.registry.entry import Entry
-from kernelloop.kernels.registry.manifest import MANIFEST_NAME, parse_manifest
+from kernelloop.kernels.registry.manifest import MANIFEST_NAME
+from kernelloop.kernels.registry.revision import read_at
+from kernelloop.kernels.registry.store import ACTOR
 
-AUTHOR_NAME, AUTHOR_EMAIL = "kernelloop", "kernelloop@localhost"
 NOTHING_NEW = "nothing to propose: every registry entry has been proposed"
 
 
@@ -49,26 +49,16 @@ class Snapshot:
 
 
 def read_registry(reg: Registry) -> Snapshot:
-    """Read the manifest once and the sources it names, checking each against its sha256."""
-    if not reg.exists():
+    """The registry's HEAD commit read once: the manifest and the sources it names, each checked
+    against its sha256 (hand edits nobody committed are not proposed, as they are not served)."""
+    commit = reg.head()
+    if commit is None:
         reg.entries()  # a path that is not a registry raises its one line here
         return Snapshot(reg.path, b"", [], {}, None)
-    try:
-        manifest = reg.manifest_path.read_bytes()
-        entries = parse_manifest(manifest.decode("utf-8"), str(reg.manifest_path))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RegistryError(f"registry manifest {reg.manifest_path} is unreadable ({one_line(exc)})") from None
-    sources: dict[str, bytes] = {}
-    for e in entries:
-        try:
-            data = (reg.path / e.source_path).read_bytes()
-        except OSError as exc:
-            raise RegistryError(f"{e.id}: source {e.source_path} is unreadable ({exc.strerror or exc})") from None
-        if hashlib.sha256(data).hexdigest() != e.sha256:
-            raise RegistryError(f"{e.id}: source {e.source_path} does not match its sha256; refusing to propose it")
-        sources[e.source_path] = data
-    commits = reg.history(limit=1)
-    return Snapshot(reg.path, manifest, entries, sources, commits[0].sha if commits else None)
+    entries = reg.entries(commit)
+    sources = {e.source_path: reg.checked_source(e, commit).encode("utf-8") for e in entries}
+    manifest = (read_at(reg.path, commit, MANIFEST_NAME) or "").encode("utf-8")
+    return Snapshot(reg.path, manifest, entries, sources, commit)
 
 
 def proposed_ids(hist: History | None) -> set[str]:
@@ -173,8 +163,8 @@ def commit_and_push(target: Target, snapshot: Snapshot, branch: str, message: st
             wt.git.add("--", EXPORT_DIR)
             if not wt.git.diff("--cached", "--name-only").strip():
                 raise PrError(f"{base} already holds this export under {EXPORT_DIR}/; nothing to commit")
-            env = {"GIT_AUTHOR_NAME": AUTHOR_NAME, "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
-                   "GIT_COMMITTER_NAME": AUTHOR_NAME, "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL}
+            env = {"GIT_AUTHOR_NAME": ACTOR.name, "GIT_AUTHOR_EMAIL": ACTOR.email,  # the registry's identity
+                   "GIT_COMMITTER_NAME": ACTOR.name, "GIT_COMMITTER_EMAIL": ACTOR.email}
             with wt.git.custom_environment(**env):
                 wt.git.commit("--quiet", "-m", message)
             sha = wt.head.commit.hexsha

@@ -1,4 +1,10 @@
-"""A serving engine reached over HTTP, as the tune loop needs it: health, profile, reload, measure."""
+"""`RemoteEngine`: an engine handle (agent/engine_handle.py) on a serving engine reached over HTTP.
+
+It profiles through the engine's /profile routes while driving the workload, reloads with
+`POST /kernels/reload` and has the engine take the gate's measurement with `POST /gate/measure`
+(engine/gate_measure.py, the code a LocalEngine measures with; its float64 rows come back bit for bit).
+The engine must serve `--kernels registry` (it would never load a winner otherwise).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,14 @@ import httpx
 import numpy as np
 import torch
 
-from kernelloop.agent.gate import GateConfig, Measurement
+from kernelloop.agent.gate import Measurement
+
+from kernelloop.agent.loop.state import GateConfig
 from kernelloop.kernels.errors import KernelloopError
 from kernelloop.profiler.http import profile_url
 from kernelloop.profiler.workload import WorkloadRequest
+
+WIRE_DTYPE = "float64"  # engine/gate_measure.py WIRE_DTYPE: what /gate/measure's log-probabilities are
 
 
 class RemoteEngine:
@@ -39,14 +49,26 @@ class RemoteEngine:
                 progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
         return profile_url(self.url, workload, concurrency=4, seconds=self.timeout_s, progress=progress)
 
-    def reload_kernels(self, revision: str | None = None) -> dict[str, Any]:
+    def reload(self, revision: str | None = None) -> dict[str, Any]:
         """The engine re-reads the registry at HEAD (or at commit `revision`); returns what changed."""
         return self._post("/kernels/reload", {"revision": revision} if revision else None).get("changed", {})
 
+
     def measure(self, prompt_ids: list[list[int]], config: GateConfig, warmup: bool = True) -> Measurement:
         """The gate's measurement taken by the engine itself (after an untimed warm-up pass if asked)."""
-        best = self._post("/gate/measure", {"prompts": prompt_ids, "max_tokens": config.max_tokens, "warmup": warmup})
-        vocab = best["vocab"]
-        logprobs = [torch.from_numpy(np.frombuffer(base64.b64decode(b), dtype=np.float32).copy())
-                    .reshape(-1, vocab).double() for b in best["logprobs"]]
-        return Measurement(best["greedy"], logprobs, best["tokens_per_second"])
+        reply = self._post("/gate/measure", {"prompts": prompt_ids, "max_tokens": config.max_tokens, "warmup": warmup})
+        return decode_measurement(reply, self.url)
+
+    def close(self) -> None:
+        """Nothing is held between requests."""
+
+
+def decode_measurement(reply: dict[str, Any], url: str = "the engine") -> Measurement:
+    """A `POST /gate/measure` reply as a Measurement (float64 log-probabilities, as sent)."""
+    if reply.get("dtype") != WIRE_DTYPE:
+        raise KernelloopError(f"{url}/gate/measure sent {reply.get('dtype', 'float32')} log-probabilities; the gate "
+                              f"compares {WIRE_DTYPE} ones: update that engine to this version of kernelloop")
+    vocab = reply["vocab"]
+    logprobs = [torch.from_numpy(np.frombuffer(base64.b64decode(rows), dtype=np.float64).copy()).reshape(-1, vocab)
+                for rows in reply["logprobs"]]
+    return Measurement(reply["greedy"], logprobs, reply["tokens_per_second"])

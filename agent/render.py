@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from kernelloop.kernels.progress import Progress, Step, prefixed, takes_every_step
 
 console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
 
@@ -32,15 +34,19 @@ def warn(message: str) -> None:
     sys.stderr.write(f"warning: {message}\n")
 
 
-def throttled(emit: Callable[[str], None], every_s: float = 5.0, prefix: str = "") -> Callable[[str], None]:
+def throttled(emit: Progress, every_s: float = 5.0, prefix: str = "") -> Progress:
     """A progress callback that passes on at most one message per `every_s` seconds (the first at once):
-    long phases (a sandbox battery, timing rounds) show where they are without a line per step."""
+    long phases (a sandbox battery, timing rounds) show where they are without a line per step. When
+    `emit` takes every step (a terminal's bars, kernels/progress.py), the Steps it would drop still
+    reach it; they move a bar and print nothing."""
     last = [float("-inf")]
 
     def progress(message: str) -> None:
         now = time.monotonic()
         if now - last[0] >= every_s:
             last[0] = now
-            emit(prefix + message)
+            emit(prefixed(prefix, message))
+        elif isinstance(message, Step) and takes_every_step(emit):
+            emit(prefixed(prefix, message))
 
     return progress

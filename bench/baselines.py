@@ -32,13 +32,13 @@ from typing import Any, Sequence
 
 import torch
 
-from kernelloop import kernels  # noqa: F401  (configures Triton before any kernel module is imported)
+import kernelloop.kernels.ops  # noqa: F401  (configures Triton before any kernel module is imported)
 from bench.baseline_plan import gpu_order, groups, plan_rows  # noqa: F401  (gpu_order: bench.tune_gpu imports it here)
 from bench.counterparts import Counterpart, counterpart
 from bench.prefetch import InputPrefetcher, default_workers, to_device
 from bench.rehearse import step_device
 from bench.report import device_facts, print_table, write_report
-from kernelloop.kernels import OPS
+from kernelloop.kernels import OPS, get_op
 from kernelloop.kernels.compare import check_outputs
 from kernelloop.kernels.device import default_device, device_fingerprint, triton_interpreted
 from kernelloop.kernels.roofline import Rates, matmul_peak
@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         dtypes = [parse_dtype(d.strip()) for d in args.dtypes.split(",") if d.strip()]
         names = [n.strip() for n in args.ops.split(",") if n.strip()] or list(OPS)
-        specs = [kernels.get_op(n) for n in names]
+        specs = [get_op(n) for n in names]
     except Exception as exc:
         print(f"bench.baselines: {exc}", file=sys.stderr)
         return 2

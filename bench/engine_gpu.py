@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from kernelloop import kernels  # noqa: F401  (configures Triton)
+import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
 from bench.rehearse import TINY_LLAMA, step_device, synchronize
 from bench.report import print_table, write_report
 from kernelloop.engine.engine import Engine, EngineConfig

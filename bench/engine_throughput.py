@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from kernelloop import kernels  # noqa: F401  (configures Triton)
+import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
 from bench.http_load import EngineServer, PlannedRequest, send_all
 from bench.report import print_table, write_report
 from kernelloop.engine.engine import Engine, EngineConfig

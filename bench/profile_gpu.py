@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kernelloop import kernels  # noqa: F401  (configures Triton)
+import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
 from bench.engine_gpu import LLAMA3_8B
 from bench.rehearse import CHAT_TEMPLATE, TINY_LLAMA, step_device, write_chat_model_dir
 from bench.report import print_table, write_report

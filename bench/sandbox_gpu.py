@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from kernelloop import kernels  # noqa: F401  (configures Triton)
+import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
 from bench.rehearse import step_device, synchronize
 from bench.report import print_table, write_report
 from kernelloop.kernels.ops import get_op

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from kernelloop import kernels  # noqa: F401  (configures Triton: the interpreter on CPU)
+import kernelloop.kernels.ops  # noqa: F401  (configures Triton: the interpreter on CPU)
 from kernelloop.sandbox import CheckOptions, Sandbox
 
 from bench.report import print_table, write_report

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kernelloop import kernels  # noqa: F401  (configures Triton)
-from kernelloop.agent.gate import GATE_PROMPTS, GateConfig
+import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
+from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune
-from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.search import SearchProposer
 from bench.baselines import gpu_order
 from bench.engine_gpu import LLAMA3_8B

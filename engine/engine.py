@@ -25,7 +25,7 @@ from kernelloop.engine.memory import KVPool, RequestSlots, SlotAllocator, slots_
 from kernelloop.engine.model import LlamaModel
 from kernelloop.engine.model_source import resolve_model_dir
 from kernelloop.engine.radix_cache import RadixCache
-from kernelloop.engine.recorder import Recorder, region
+from kernelloop.engine.recorder import FORWARD, SAMPLE, SCHEDULE, STEP, Recorder, region
 from kernelloop.engine.request import Request
 from kernelloop.engine.sampler import Sampler, TokenLogprobs, make_generator
 from kernelloop.engine.sampling import SamplingParams
@@ -142,17 +142,17 @@ class Engine:
         """Run one forward (prefill or decode) and return what it produced."""
         if self.recorder is None:
             return self._step(None)
-        with self.recorder.region("step"):
+        with self.recorder.region(STEP):
             return self._step(self.recorder)
 
     def _step(self, rec: Recorder | None) -> list[StepOutput]:
         outputs = [self._finished_output(r, []) for r in self._drain_stopped()]
-        with region(rec, "schedule"):
+        with region(rec, SCHEDULE):
             batch = self.scheduler.schedule()
             forward_batch = self._forward_batch(batch) if batch is not None else None
         if batch is None:
             return outputs
-        with region(rec, "forward"):
+        with region(rec, FORWARD):
             if rec is None and self.graphs is not None and self.graphs.can_run(forward_batch):
                 logits = self.graphs.run(forward_batch)  # graphs hide per-op times: eager while profiling
             else:
@@ -165,7 +165,7 @@ class Engine:
         reqs = [batch.requests[i] for i in sampled]
         if self.logits_hook is not None:
             self.logits_hook(reqs, logits[sampled])
-        with region(rec, "sample"):
+        with region(rec, SAMPLE):
             result = self.sampler.sample(logits[sampled], [r.params for r in reqs], [r.generator for r in reqs])
             tokens = result.tokens.tolist()
         for req, token, lp in zip(reqs, tokens, result.logprobs):

@@ -2,8 +2,9 @@
 
 Body: {"prompts": [[token ids], ...], "max_tokens": N, "warmup": true}. The prompts are decoded greedily (EOS
 ignored) alongside live traffic; the full next-token log-distribution at every generated position is
-captured through Engine.logits_hook. Reply: {"greedy": [[ids]], "tokens_per_second": x, "vocab": V,
-"logprobs": [base64 of float32 [positions, V] per prompt]}. One measurement at a time, after an untimed
+captured through Engine.logits_hook by engine/gate_measure.py's `LogprobCapture`, the same code that
+measures an engine in-process. Reply: {"greedy": [[ids]], "tokens_per_second": x, "vocab": V, "dtype": "float64",
+"logprobs": [base64 of float64 [positions, V] per prompt]}. One measurement at a time, after an untimed
 warm-up pass unless "warmup" is false (the gate warms each registry commit once, on its first visit). A body of
 another shape, or a prompt the engine refuses (ids out of range, longer than it serves), gets 400.
 """
@@ -11,13 +12,11 @@ another shape, or a prompt the engine refuses (ids out of range, longer than it 
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from typing import Any, Callable
 
-import torch
-
 from kernelloop.engine.engine import InvalidRequest
+from kernelloop.engine.gate_measure import WARMUP, LogprobCapture, decode_params, to_wire
 from kernelloop.engine.loop import EngineLoop
 from kernelloop.engine.openai_api import APIError
 from kernelloop.engine.sampling import SamplingParams
@@ -64,30 +63,23 @@ async def submit_all(loop: EngineLoop, prompts: list[list[int]], params: Samplin
 async def measure(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, Any]:
     prompts, max_tokens, warmup = check_body(body)
     engine = loop.engine
-    captured: dict[str, list[torch.Tensor]] = {}
-
-    def hook(reqs: list, logits: torch.Tensor) -> None:
-        for req, row in zip(reqs, logits):
-            if req.rid in captured:
-                captured[req.rid].append(torch.log_softmax(row.float(), dim=-1).cpu())
+    capture = LogprobCapture()  # only the gate's requests: live traffic shares the batches
 
     def install() -> None:
-        engine.logits_hook = hook
+        engine.logits_hook = capture
 
     def remove() -> None:
         engine.logits_hook = None
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     async with lock:
         if warmup:  # untimed: a reloaded kernel's first call pays one-time costs (JIT, interpreter rewrite)
-            warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-            for _, queue in await submit_all(loop, prompts, warm):
+            for _, queue in await submit_all(loop, prompts, WARMUP):
                 while not (await queue.get()).finished:
                     pass
         await loop.call(install)
         try:
             start = time.perf_counter()
-            submitted = await submit_all(loop, prompts, params, prepare=lambda rid: captured.setdefault(rid, []))
+            submitted = await submit_all(loop, prompts, decode_params(max_tokens), prepare=capture.watch)
             greedy = []
             for rid, queue in submitted:
                 ids: list[int] = []
@@ -100,7 +92,4 @@ async def measure(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, 
             seconds = time.perf_counter() - start
         finally:
             await loop.call(remove)
-    return {
-        "greedy": greedy, "tokens_per_second": sum(map(len, greedy)) / seconds, "vocab": engine.model_config.vocab_size,
-        "logprobs": [base64.b64encode(torch.stack(captured[rid]).numpy().tobytes()).decode() for rid, _ in submitted],
-    }
+    return to_wire(capture.measurement([rid for rid, _ in submitted], greedy, seconds))

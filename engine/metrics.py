@@ -38,6 +38,10 @@ def render_metrics(loop: "EngineLoop") -> str:
     variants = [(f'{{op="{op}",shape="{_escape(where)}",variant="{_escape(name)}"}}', 1)
                 for op, uses in engine.kernels.variants_in_use().items() for where, name in sorted(uses.items())]
     metric("kernel_variant", "gauge", "Kernel variant serving each op and (dtype, shape bucket) seen so far.", variants)
+    demoted = [(f'{{op="{d.op}",shape="{_escape(d.where)}",variant="{_escape(d.variant)}",now="{_escape(d.now)}"}}', 1)
+               for d in engine.kernels.demotions]
+    metric("kernel_demoted", "gauge", "Kernel variants that raised and were replaced by the next in their chain "
+           "(registry entry, baseline, reference) since the last kernel reload.", demoted)
     metric("kernel_registry_error", "gauge", "1 when the kernel registry could not be read (baselines in use).",
            [("", 1 if engine.kernels.registry_error else 0)])
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 from kernelloop.engine.convert_gguf import GgufModel, ensure_converted
 from kernelloop.engine.errors import ModelLoadError
 from kernelloop.engine.gguf_fetch import WheelGguf
-from kernelloop.kernels.device import cache_root
+from kernelloop.kernels.paths import cache_root
 
 KNOWN_MODELS: dict[str, GgufModel] = {
     "smollm2": GgufModel(

@@ -45,7 +45,8 @@ from kernelloop.kernels.spec import OpSpec, dtype_name, parse_dtype
 if TYPE_CHECKING:
     from kernelloop.kernels.dispatch import Dispatcher
 
-STEP_REGIONS = ("schedule", "forward", "sample")  # direct parts of a step; the rest is Python overhead
+STEP, SCHEDULE, FORWARD, SAMPLE = "step", "schedule", "forward", "sample"  # region names (profiler/analysis.py reads them)
+STEP_REGIONS = (SCHEDULE, FORWARD, SAMPLE)  # direct parts of a step; the rest is Python overhead
 OP_TIMINGS = ("auto", "replay", "in-run")  # auto: replay on CUDA (with a dispatcher attached), in-run on CPU
 REPLAY_SAMPLES = 3  # shapes replayed per (op, dtype, bucket): smallest, middle and largest by bytes moved
 REPLAY_BUDGET_S = 30.0  # replay stops after this long; the (op, dtype, bucket) left keep their in-run times

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import sqlite_utils
 
+from kernelloop.kernels.paths import data_path
+
 from kernelloop.kernels.errors import KernelloopError
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -24,23 +26,15 @@ class HistoryError(KernelloopError):
     """The history database cannot be opened, read or written; the message is one line."""
 
 
-def _data_dir() -> Path:
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "kernelloop"
-
-
 def default_history_path() -> Path:
     """$KERNELLOOP_HISTORY, else $XDG_DATA_HOME/kernelloop/history.db (~/.local/share/...)."""
-    if env := os.environ.get("KERNELLOOP_HISTORY"):
-        return Path(env).expanduser()
-    return _data_dir() / "history.db"
+    return data_path("KERNELLOOP_HISTORY", "history.db")
 
 
 def default_report_dir() -> Path:
     """$KERNELLOOP_REPORTS, else $XDG_DATA_HOME/kernelloop/reports: never the working directory,
     so a report does not land in a checkout."""
-    if env := os.environ.get("KERNELLOOP_REPORTS"):
-        return Path(env).expanduser()
-    return _data_dir() / "reports"
+    return data_path("KERNELLOOP_REPORTS", "reports")
 
 
 def resolve_path(path: str | os.PathLike[str] | None) -> Path:

@@ -7,7 +7,6 @@ its own short `BEGIN IMMEDIATE` transaction that is committed before the `record
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -21,12 +20,10 @@ import sqlite_utils
 from kernelloop.history import queries
 from kernelloop.history.db import HistoryError, check_file, connect, enable_wal, inspect, now_iso, resolve_path
 from kernelloop.history.schema import SCHEMA_VERSION, migrate
+from kernelloop.kernels.profile_contract import PROFILE_COLUMNS, PROFILE_ROW_COLUMNS, Profile
+from kernelloop.kernels.registry.entry import sha256_text
 
 REGISTRY_EVENT_KINDS = ("add", "reload", "rollback", "gate", "verify", "pr")
-PROFILE_FIELDS = ("device", "engine", "model", "kernels", "partial_reason", "wall_seconds", "busy_seconds",
-                  "steps", "requests", "output_tokens", "tokens_per_second", "ttft_ms_median",
-                  "tpot_ms_median", "prefix_hit_rate")
-PROFILE_ROW_FIELDS = ("name", "kind", "calls", "total_s", "mean_us", "share", "variant", "bytes_per_s", "roofline_pct")
 EVENT_FIELDS = ("entry_id", "commit_sha", "device", "dtype", "bucket", "speedup")
 
 
@@ -119,16 +116,17 @@ class History(queries.Queries):
 
     # -- writes -----------------------------------------------------------------------------------
 
-    def record_profile(self, profile: Mapping[str, Any]) -> int:
-        """Store one profile (the profiler's dict: summary keys plus `rows`); missing keys are NULL,
-        the whole dict is kept in raw_json. Returns the profile id."""
-        row: dict[str, Any] = {k: _scalar(profile.get(k)) for k in PROFILE_FIELDS}
+    def record_profile(self, profile: Profile | Mapping[str, Any]) -> int:
+        """Store one profile (kernels/profile_contract.py `Profile`): its column keys (`PROFILE_COLUMNS`,
+        each row's `PROFILE_ROW_COLUMNS` and shapes) in the tables, missing keys as NULL, the whole dict
+        in raw_json. Returns the profile id."""
+        row: dict[str, Any] = {k: _scalar(profile.get(k)) for k in PROFILE_COLUMNS}
         row.update(created_at=profile.get("created_at") or now_iso(), partial=_bool(profile.get("partial")),
                    raw_json=_json(profile))
         with self._write() as db:
             profile_id = self._insert(db, "profiles", row)
             for op_row in profile.get("rows") or []:
-                values = {k: _scalar(op_row.get(k)) for k in PROFILE_ROW_FIELDS}
+                values = {k: _scalar(op_row.get(k)) for k in PROFILE_ROW_COLUMNS}
                 shapes = op_row.get("shapes")
                 values.update(profile_id=profile_id, shapes_json=None if shapes is None else _json(shapes))
                 self._insert(db, "profile_ops", values)
@@ -142,8 +140,8 @@ class History(queries.Queries):
         the proposer's name for it (template config, file name), shown by `agent history`. Returns its id."""
         row = {
             "created_at": now_iso(), "run_id": run_id, "op": op, "source": source, "proposer": proposer, "label": label,
-            "sha256": hashlib.sha256(source.encode()).hexdigest(), "model": model, "prompt": prompt,
-            "prompt_hash": None if prompt is None else hashlib.sha256(prompt.encode()).hexdigest(),
+            "sha256": sha256_text(source), "model": model, "prompt": prompt,
+            "prompt_hash": None if prompt is None else sha256_text(prompt),
             "tokens_prompt": tokens_prompt, "tokens_completion": tokens_completion, "parent_id": parent_id,
         }
         with self._write() as db:

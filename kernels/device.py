@@ -1,15 +1,18 @@
 """Where kernels run: Triton's mode (compiled on CUDA, interpreted on CPU) and device fingerprints.
 
 `configure_triton()` must run before any `@triton.jit` is executed, because Triton decides at
-decoration time whether a kernel is compiled or interpreted; `import kernels` calls it.
+decoration time whether a kernel is compiled or interpreted; loading the op table
+(kernelloop.kernels.ops) and the registry's loader call it. This module imports torch only inside its
+functions, so command-line parsing can use DEVICES without loading torch.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 CPU_INTERPRETER = "cpu-interpreter"
 
@@ -17,6 +20,8 @@ CPU_INTERPRETER = "cpu-interpreter"
 def configure_triton() -> None:
     """Use the Triton interpreter when there is no CUDA device, unless the user chose already;
     when interpreting, patch it to compute as compiled Triton does (kernels/interpreter_fidelity.py)."""
+    import torch
+
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     if triton_interpreted():
@@ -30,6 +35,8 @@ def triton_interpreted() -> bool:
 
 
 def default_device() -> str:
+    import torch
+
     return "cuda" if torch.cuda.is_available() and not triton_interpreted() else "cpu"
 
 
@@ -39,6 +46,8 @@ DEVICES = ("cpu", "cuda")
 def resolve_device(requested: str | None) -> str:
     """The device a command runs on: `requested`, else `default_device()`. A device that is not here
     is one line for the user (KernelloopError), not a traceback from deep inside torch."""
+    import torch
+
     from kernelloop.kernels.errors import KernelloopError
 
     if requested is None:
@@ -60,6 +69,8 @@ def device_fingerprint(device: str | torch.device) -> str:
     Measurements made through the interpreter never select GPU kernels, and vice versa,
     because their fingerprints differ.
     """
+    import torch
+
     dev = torch.device(device)
     if dev.type == "cpu":
         return CPU_INTERPRETER
@@ -67,9 +78,3 @@ def device_fingerprint(device: str | torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(dev)
         return f"{torch.cuda.get_device_name(dev)} sm{major}{minor}"
     raise ValueError(f"unsupported device {device!r}: kernelloop runs on cpu (interpreter) or cuda")
-
-
-def cache_root() -> Path:
-    """Where kernelloop keeps rebuildable files: $KERNELLOOP_CACHE, else ~/.cache/kernelloop."""
-    env = os.environ.get("KERNELLOOP_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "kernelloop"

@@ -5,7 +5,9 @@
 
 Per (op, dispatch key) the variant is resolved once and cached: the registry's entry for
 (device, dtype, shape bucket), else the op's baseline Triton kernel, else the torch reference.
-A variant that raises is demoted to the next in that chain for that key, and the call is retried.
+A variant that raises is demoted to the next in that chain for that key, and the call is retried;
+the demotion is logged and listed (`demotions`, shown by the engine's /metrics) until the next
+reload. Running out of memory demotes nothing: it is not the kernel's fault, and the caller decides.
 `reload()` re-reads the registry and swaps every op's cache in one assignment, so a call sees the
 old variants or the new ones, never a mix within one op.
 """
@@ -16,6 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Literal, Mapping
 
+import torch
+
 from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.ops import OPS
@@ -23,6 +27,9 @@ from kernelloop.kernels.registry import Entry, Registry, select_entry
 from kernelloop.kernels.spec import OpSpec, dtype_name
 
 log = logging.getLogger(__name__)
+
+# Not a kernel's fault: re-raised without demoting it (the engine fails or retries the batch).
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMemoryError)
 
 Mode = Literal["reference", "baseline", "registry"]
 MODES: tuple[str, ...] = ("reference", "baseline", "registry")
@@ -32,6 +39,17 @@ MODES: tuple[str, ...] = ("reference", "baseline", "registry")
 class Variant:
     name: str  # "reference", "baseline" or "registry:<entry id>"
     fn: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Demotion:
+    """A variant that raised for one (dtype, bucket) and was replaced by the next in its chain."""
+
+    op: str
+    where: str      # "dtype bucket"
+    variant: str    # the one that raised
+    now: str        # the one serving instead
+    error: str      # "ExceptionType: message", one line
 
 
 class OpDispatch:
@@ -58,10 +76,15 @@ class OpDispatch:
             chain = self._miss(key, args)
         try:
             return chain[0].fn(*args)
-        except Exception:
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
             if len(chain) == 1:
                 raise
             log.exception("%s variant %s failed; falling back to %s", self.spec.name, chain[0].name, chain[1].name)
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            self._owner.demotions.append(Demotion(self.spec.name, " ".join(self._where[key]), chain[0].name,
+                                                  chain[1].name, error))
             self._cache = {**self._cache, key: chain[1:]}
             return self._dispatch(args)
 
@@ -106,6 +129,7 @@ class Dispatcher:
         # Profiling hook: observer(spec, args) -> context manager around each call; None costs one check.
         self.observer: Callable[[OpSpec, tuple], ContextManager] | None = None
         self.revision: str | None = None  # registry commit served; None: HEAD at the last (re)load
+        self.demotions: list[Demotion] = []  # since the last (re)load, which re-resolves every chain
         self._entries = self._read_entries()
         self._loaded: dict[str, Callable | None] = {}
         self.ops: dict[str, OpDispatch] = {name: OpDispatch(spec, self) for name, spec in ops.items()}
@@ -141,6 +165,7 @@ class Dispatcher:
         else:
             self._entries, self.revision = self._read_entries(), None
         self._loaded = {sha: fn for sha, fn in self._loaded.items() if fn is not None}  # retry refusals
+        self.demotions = []
         changed = {name: op.re_resolve() for name, op in self.ops.items()}
         return {name: c for name, c in changed.items() if c}
 

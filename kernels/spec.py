@@ -79,14 +79,32 @@ def size_class(n: int) -> int:
     return max(n - 1, 0).bit_length()
 
 
-def size_bucket(n: int) -> str:
-    """`1`, `2-16`, `17-128`, ... `>8192`: coarse enough that a decode step and a prefill differ."""
+def size_range(n: int) -> tuple[int, int | None]:
+    """(smallest, largest) size of n's bucket; largest is None for the open last bucket."""
     lo = 1
     for hi in TOKEN_BUCKETS:
         if n <= hi:
-            return str(hi) if lo == hi else f"{lo}-{hi}"
+            return lo, hi
         lo = hi + 1
-    return f">{TOKEN_BUCKETS[-1]}"
+    return lo, None
+
+
+def size_bucket(n: int) -> str:
+    """`1`, `2-16`, `17-128`, ... `>8192`: coarse enough that a decode step and a prefill differ."""
+    lo, hi = size_range(n)
+    if hi is None:
+        return f">{TOKEN_BUCKETS[-1]}"
+    return str(hi) if lo == hi else f"{lo}-{hi}"
+
+
+def shape_in_bucket(bucket: str) -> dict[str, int]:
+    """A concrete shape inside a bucket that `OpSpec.bucket` wrote: each size range at its top (an open
+    range one past its bound), exact sizes as they are."""
+    shape = {}
+    for part in bucket.split(","):
+        key, value = part.split("=", 1)
+        shape[key] = int(value[1:]) + 1 if value.startswith(">") else int(value.split("-")[-1])
+    return shape
 
 
 CUDA_ENGINE_SHAPES = 4  # engine shapes in the CUDA battery, spread over decode to prefill

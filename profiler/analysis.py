@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from kernelloop.engine.recorder import FORWARD, SAMPLE, SCHEDULE, STEP, STEP_REGIONS
 from kernelloop.kernels.ops import OPS
 from kernelloop.kernels.roofline import Rates
 from kernelloop.kernels.spec import parse_dtype
@@ -103,11 +104,10 @@ def profile_rows(raw: dict[str, Any], rates: RatesFor | None) -> list[dict[str, 
     ops_s = sum(r["total_s"] for r in rows)
     timing = region_timing(raw)
     rows += [
-        _other("other model compute", secs("forward") - ops_s, calls("forward"), timing),
-        _other("sampling", secs("sample"), calls("sample"), timing),
-        _other("scheduling", secs("schedule"), calls("schedule"), timing),
-        _other("python overhead", secs("step") - secs("forward") - secs("sample") - secs("schedule"), calls("step"),
-               timing),
+        _other("other model compute", secs(FORWARD) - ops_s, calls(FORWARD), timing),
+        _other("sampling", secs(SAMPLE), calls(SAMPLE), timing),
+        _other("scheduling", secs(SCHEDULE), calls(SCHEDULE), timing),
+        _other("python overhead", secs(STEP) - sum(secs(name) for name in STEP_REGIONS), calls(STEP), timing),
     ]
     total = sum(r["total_s"] for r in rows)  # == step time up to clock noise (negative remainders clamp to 0)
     for r in rows:

@@ -28,6 +28,7 @@ import httpx
 from kernelloop.engine.recorder import REPLAY_BUDGET_S
 from kernelloop.kernels.device import default_device, device_fingerprint
 from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.roofline import device_rates
 from kernelloop.profiler.profile import assemble
 from kernelloop.profiler.workload import WorkloadRequest, summarize_latencies
@@ -42,7 +43,6 @@ MAX_RECORDING_S = 3600.0  # the engine's ceiling on a recording's time limit
 POLL_S = 0.1
 
 T = TypeVar("T")
-Progress = Callable[[str], None]
 
 
 class EngineUnreachable(KernelloopError):
@@ -148,6 +148,7 @@ async def _drive(client: httpx.AsyncClient, url: str, model: str, workload: list
     """Run the workload for the window; cancel what is still streaming at its end. (traffic, why it was cut)."""
     traffic = _Traffic()
     gate = asyncio.Semaphore(concurrency)
+    window_ends = time.monotonic() + seconds  # the bars' time left (the window may be extended, below)
 
     async def one(w: WorkloadRequest) -> None:
         async with gate:
@@ -165,7 +166,8 @@ async def _drive(client: httpx.AsyncClient, url: str, model: str, workload: list
         traffic.done += 1
         if per_token is not None:
             traffic.tpot.append(per_token)
-        progress(f"{traffic.done}/{len(workload)} requests done")
+        progress(Step(f"{traffic.done}/{len(workload)} requests done", "profile requests", traffic.done, len(workload),
+                      window_ends))
 
     tasks = [asyncio.create_task(one(w)) for w in workload]
     await _until(lambda: False, tasks, seconds)
@@ -174,6 +176,7 @@ async def _drive(client: httpx.AsyncClient, url: str, model: str, workload: list
         extension = max(FIRST_TOKEN_WAIT_MIN_S, STEP_FACTOR * step)
         progress(f"no token back after {seconds:g} s; waiting up to {extension:.0f} s more for the engine's first step")
         extended = time.perf_counter()
+        window_ends = time.monotonic() + extension
         await _until(lambda: bool(traffic.ttft or traffic.failures), tasks, extension)
         took = time.perf_counter() - extended
         notes.append(f"window extended by {took:.1f} s: no token had come back after {seconds:g} s")

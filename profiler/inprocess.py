@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from kernelloop.engine.engine import Engine
 from kernelloop.engine.recorder import OP_TIMINGS
 from kernelloop.engine.sampling import SamplingParams
+from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.roofline import device_rates
 from kernelloop.profiler.profile import assemble
 from kernelloop.profiler.workload import WorkloadRequest, summarize_latencies
@@ -19,7 +20,7 @@ from kernelloop.profiler.workload import WorkloadRequest, summarize_latencies
 
 def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurrency: int = 8,
                    seconds: float | None = None, trace_path: Path | None = None, op_timing: str = "auto",
-                   progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+                   progress: Progress = lambda message: None) -> dict[str, Any]:
     """Run `workload` (at most `concurrency` requests at once, at most `seconds`) and profile it.
 
     With `trace_path`, a torch.profiler Chrome trace (every op and step region labelled
@@ -42,6 +43,7 @@ def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurren
     tpot: list[float] = []
     done = 0
     deadline = time.perf_counter() + seconds if seconds else float("inf")
+    window_ends = time.monotonic() + seconds if seconds else None  # the same, on the clock Steps use
     torch_trace = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU]
         + ([torch.profiler.ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])) if trace_path else nullcontext()
@@ -71,7 +73,8 @@ def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurren
                         if n > 1 and out.rid in first:
                             tpot.append((now - first[out.rid]) / (n - 1))
                         done += 1
-                        progress(f"{done}/{len(workload)} requests done")
+                        progress(Step(f"{done}/{len(workload)} requests done", "profile requests", done,
+                                      len(workload), window_ends))
         while engine.has_work():  # aborted requests leave through the next step
             engine.step()
     finally:

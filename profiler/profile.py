@@ -1,29 +1,27 @@
 """The profile: one dict (JSON-ready) that `agent profile` prints, history stores and the agent reads.
 
-    device, engine, model, kernels, partial, partial_reason, wall_seconds, busy_seconds, steps,
-    requests, output_tokens, tokens_per_second, ttft_ms_median, tpot_ms_median, prefix_hit_rate,
-    timing_label, op_timing, region_timing, replay_errors, rows: [{name, kind, calls, total_s,
-    mean_us, share, timing, in_run_s (op rows), variant, bytes_per_s, roofline_pct, bound,
-    shapes: [{dtype, bucket, shape, calls, seconds}]}],
-    notes (what the driver waited for, extended or cancelled), auto_stopped (the engine ended the
-    recording at its time limit), cancelled_requests (in flight when the window ended)
-
-op_timing / region_timing / each row's timing: where the seconds come from (engine/recorder.py):
-cpu-wall, cuda-events (in-run brackets), cuda-kernel-replay (device time), cpu-wall-replay.
+Its keys are typed once, in kernels/profile_contract.py (`Profile`, `ProfileRow`, `ShapeSeen`, one
+comment per field), re-exported here; `assemble()` builds it from a Recorder's raw figures
+(profiler/analysis.py makes the rows).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping, cast
 
 from kernelloop.kernels.device import CPU_INTERPRETER
+from kernelloop.kernels.profile_contract import Profile, ProfileRow, ShapeSeen
 from kernelloop.profiler.analysis import RatesFor, profile_rows, region_timing
+
+__all__ = ["Profile", "ProfileRow", "ShapeSeen", "assemble"]
 
 
 def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kernels: str, wall_seconds: float,
-             requests: int, latencies: dict[str, Any], rates: RatesFor | None, partial_reason: str = "",
-             notes: list[str] | None = None, auto_stopped: bool = False, cancelled_requests: int = 0) -> dict[str, Any]:
+             requests: int, latencies: Mapping[str, float | None], rates: RatesFor | None, partial_reason: str = "",
+             notes: list[str] | None = None, auto_stopped: bool = False, cancelled_requests: int = 0) -> Profile:
+    """The profile of one run: `raw` is the engine's `stop_recording()` ({} when nothing was recorded),
+    `latencies` profiler/workload.py `summarize_latencies()`'s medians."""
     counters = raw.get("counters", {})
     regions = raw.get("regions", {})
     output_tokens = counters.get("generated_tokens", 0)
@@ -41,8 +39,8 @@ def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kerne
         "steps": regions.get("step", {}).get("calls", 0),
         "requests": requests, "output_tokens": output_tokens,
         "tokens_per_second": output_tokens / wall_seconds if wall_seconds > 0 else 0.0,
-        **latencies,
+        "ttft_ms_median": latencies.get("ttft_ms_median"), "tpot_ms_median": latencies.get("tpot_ms_median"),
         "prefix_hit_rate": counters.get("cached_prompt_tokens", 0) / prompt if prompt else None,
         "notes": list(notes or []), "auto_stopped": auto_stopped, "cancelled_requests": cancelled_requests,
-        "rows": profile_rows(raw, rates) if raw else [],
+        "rows": cast("list[ProfileRow]", profile_rows(raw, rates) if raw else []),
     }

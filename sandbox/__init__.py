@@ -11,10 +11,18 @@ process, compares with the reference and times the replays A/B with a bootstrap 
 (runner.py, judge.py). docs/ARCHITECTURE.md has the threat model.
 """
 
-from kernelloop.sandbox.options import CheckOptions
-from kernelloop.sandbox.runner import Sandbox, SandboxUnavailable, judge_files
-from kernelloop.sandbox.static_check import static_check
-from kernelloop.sandbox.verdict import FAILURES, Check, Verdict
+from typing import Any
 
-__all__ = ["CheckOptions", "Sandbox", "SandboxUnavailable", "judge_files", "static_check", "Verdict", "Check",
-           "FAILURES"]
+# Loaded on first use (PEP 562), so that `kernelloop.sandbox.options` and `.budget` stay cheap to
+# import (command-line parsing takes its defaults from them) without torch or the fork server.
+_EXPORTS = {"CheckOptions": "options", "Sandbox": "runner", "SandboxUnavailable": "runner", "judge_files": "runner",
+            "static_check": "static_check", "Verdict": "verdict", "Check": "verdict", "FAILURES": "verdict"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        from importlib import import_module
+
+        return getattr(import_module(f"kernelloop.sandbox.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,10 +9,12 @@ off here stays correct and is not accepted (`timing-incomplete`).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from statistics import median
 from typing import Any
 
+from kernelloop.kernels.progress import Step
 from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.registry.store import Registry
 from kernelloop.kernels.roofline import device_rates
@@ -39,7 +41,7 @@ class ABTiming:
         """(source or None for the op's own kernel, label): the registry's current choice for the bucket
         asked for (the CPU may time a smaller shape, sandbox.plan), else the op's own kernel."""
         registry = Registry(self.options.registry)
-        if registry.exists():
+        if self.options.registry_baseline and registry.exists():
             bucket = spec.bucket(timing.get("asked_shape", timing["shape"]))
             entry = registry.select(spec.name, self.fingerprint, timing["dtype"], bucket)
             if entry is not None:
@@ -102,7 +104,9 @@ class ABTiming:
         for r, seeds in enumerate([[0]] + timing["rounds"]):
             self._phase = f"timing round {r}/{len(timing['rounds'])}"
             if r:
-                self.progress(self._phase)
+                left = max(0.0, self._deadline - time.monotonic())
+                self.progress(Step(f"{self._phase} ({left:.0f} s of the {self._budget.total_s:g} s budget left)",
+                                   "sandbox timing", r, len(timing["rounds"]), self._deadline))
             order = ["baseline", "candidate"] if r % 2 else ["candidate", "baseline"]
             samples: dict[str, list[float]] = {"baseline": [], "candidate": []}
             for seed in seeds:

@@ -26,6 +26,7 @@ import subprocess
 from typing import Any
 
 from kernelloop import IMPORT_ROOT
+from kernelloop.kernels.ops import OP_PACKAGES_ENV, extra_packages, op_import_roots
 from kernelloop.sandbox.guards import ENV_KEEP
 from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts, spawn_python
 
@@ -36,7 +37,10 @@ _CUDA_ENTRY_POINTS = ("is_available", "init", "device_count", "_lazy_init", "cur
 
 def clean_env(device: str) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-    env["PYTHONPATH"] = str(IMPORT_ROOT)
+    # kernelloop, and the op packages outside it (kernels/ops: $KERNELLOOP_OP_PACKAGES), so the same ops load.
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(IMPORT_ROOT), *op_import_roots()]))
+    if extra_packages():
+        env[OP_PACKAGES_ENV] = ",".join(extra_packages())
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # Decided here so that `import kernels` in the server never asks torch whether CUDA exists.
     env["TRITON_INTERPRET"] = "0" if device == "cuda" else "1"

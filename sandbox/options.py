@@ -12,6 +12,8 @@ class CheckOptions:
 
     device:       "cpu" (Triton interpreter) or "cuda".
     registry:     registry whose current choice is the timing baseline; None: the default registry.
+    registry_baseline: False times against the op's own kernel whatever the registry holds (agent
+                  verify re-judging an entry against what it replaced).
     dtypes:       dtype names to check; empty: every dtype the op supports.
     shapes:       extra shapes to check (e.g. those an engine profile saw), on top of the op's own.
     timing_shape: the shape timed A/B; None: a default per device (see sandbox.plan).
@@ -34,6 +36,7 @@ class CheckOptions:
 
     device: str = "cpu"
     registry: Path | None = None
+    registry_baseline: bool = True
     dtypes: tuple[str, ...] = ()
     shapes: tuple[dict, ...] = field(default_factory=tuple)
     timing_shape: dict | None = None

@@ -156,13 +156,15 @@ def kernels_from_source(source: str, constants: Any) -> dict[str, Any]:
 
 
 def kernels_from_module(module_name: str) -> dict[str, Any]:
-    """The trusted op baseline's kernels (kernelloop.kernels.ops.<op>), by name."""
+    """The trusted op baseline's kernels (the module an op spec's `forward` comes from), by name."""
     import importlib
 
     from triton.runtime import interpreter, jit
 
-    if not module_name.startswith("kernelloop.kernels.ops."):
-        raise ReplayError(f"{module_name} is not an op module")
+    from kernelloop.kernels.ops import OPS
+
+    if module_name not in {spec.forward.__module__ for spec in OPS.values()}:
+        raise ReplayError(f"{module_name} is not an op's baseline kernel module")
     module = importlib.import_module(module_name)
     kinds = (jit.JITFunction, interpreter.InterpretedFunction)
     return {k: v for k, v in vars(module).items() if isinstance(v, kinds)}

@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -32,6 +32,7 @@ from kernelloop.kernels.compare import Comparison
 from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.errors import KernelloopError
 from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.spec import OpSpec
 from kernelloop.sandbox import judge as judging
@@ -46,8 +47,6 @@ from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
 from kernelloop.sandbox.static_check import static_check
 from kernelloop.sandbox.verdict import Verdict
-
-Progress = Callable[[str], None]
 
 
 class SandboxUnavailable(KernelloopError):
@@ -253,7 +252,7 @@ class Sandbox(ABTiming):
         for i, trial in enumerate(trials):
             where = judging.label(trial["shape"], trial["dtype"], trial["variant"])
             self._phase = f"trial {i + 1}/{len(trials)} ({where})"
-            self.progress(self._phase)
+            self.progress(Step(self._phase, "sandbox battery", i + 1, len(trials), self._deadline, where))
             args = trial_inputs(spec, trial["shape"], trial["dtype"], trial["seed"], trial["variant"])
             runner.send_call(args)
             expected = spec.reference(*args)

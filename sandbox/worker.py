@@ -221,7 +221,7 @@ def serve_replays(chan: wire.Channel, job: dict[str, Any]) -> None:
     _no_more_threads(job)
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     try:
-        table = (kernels_from_module(f"kernelloop.kernels.ops.{job['op']}") if job.get("source") is None
+        table = (kernels_from_module(get_op(job["op"]).forward.__module__) if job.get("source") is None
                  else kernels_from_source(job["source"], job.get("constants", {})))
     except ReplayError as exc:
         chan.send({"type": "load", "ok": False, "error": str(exc)})

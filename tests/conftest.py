@@ -14,7 +14,7 @@ if os.environ.get("KERNELLOOP_GPU_TESTS") != "1":
 
 import pytest  # noqa: E402
 
-from kernelloop import kernels  # noqa: E402,F401  (configures Triton)
+import kernelloop.kernels.ops  # noqa: E402,F401  (configures Triton)
 from kernelloop.kernels.device import default_device  # noqa: E402
 
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.agent.gate import GATE_PROMPTS, GateConfig
+from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune
-from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import Proposal
 from kernelloop.agent.proposers.llm import LLMProposer
 from kernelloop.history import History
@@ -36,10 +35,15 @@ class Scripted:
     def __init__(self, *rounds: list[Path]) -> None:
         self.rounds = list(rounds)
         self.seen_feedback: list[list] = []
+        self.last_error: str | None = None  # the rest of the Proposer protocol (agent/proposers/base.py)
+        self.rejected: list = []
 
     def propose(self, ctx, feedback, n):  # noqa: ANN001
         self.seen_feedback.append(list(feedback))
         return [Proposal(p.read_text(), "scripted", p.stem) for p in self.rounds.pop(0)] if self.rounds else []
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from kernelloop.kernels import OPS
 from kernelloop.kernels.compare import check_impl
-from kernelloop.kernels.ops import decode_attention, rope, silu_mul
+from kernelloop.kernels.ops import decode_attention, rope, rope_kernel, silu_mul_kernel
 from kernelloop.kernels.spec import Case, pick_shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # inf is expected there
@@ -173,7 +173,7 @@ def silu_mul_ignoring_stride(x):
     d = x.shape[-1] // 2
     x2 = x.reshape(-1, 2 * d)
     y = torch.empty((x2.shape[0], d), dtype=x.dtype)
-    silu_mul._silu_mul_kernel[(x2.shape[0], triton.cdiv(d, 1024))](x2, y, 2 * d, d, d, BLOCK=1024)
+    silu_mul_kernel._silu_mul_kernel[(x2.shape[0], triton.cdiv(d, 1024))](x2, y, 2 * d, d, d, BLOCK=1024)
     return y.view(*x.shape[:-1], d)
 
 
@@ -182,9 +182,9 @@ def rope_assuming_contiguous(q, k, positions, cache):
     hk = k.shape[1]
     qo, ko = torch.empty((t, hq, d), dtype=q.dtype), torch.empty((t, hk, d), dtype=k.dtype)
     half = d // 2
-    rope._rope_kernel[(t,)](q, k, qo, ko, positions, cache, hq * d, d, hk * d, d, hq * d, d, hk * d, d, d,
-                            hq, hk, half, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
-                            BLOCK_HALF=triton.next_power_of_2(half))
+    rope_kernel._rope_kernel[(t,)](q, k, qo, ko, positions, cache, hq * d, d, hk * d, d, hq * d, d, hk * d, d, d,
+                                   hq, hk, half, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
+                                   BLOCK_HALF=triton.next_power_of_2(half))
     return qo, ko
 
 

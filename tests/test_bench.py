@@ -190,7 +190,8 @@ def test_the_gpu_benches_shapes_only_model_tells_prompts_apart(tmp_path):
     """bench.engine_gpu's model directory (used by profile-gpu and tune-gpu): a byte-level tokenizer,
     so different prompts are different tokens (not all the unknown token, which the prefix cache
     would then serve as one prompt), and a random-weight engine runs on it."""
-    from kernelloop.agent.gate import GATE_PROMPTS, prompt_ids
+    from kernelloop.agent.gate import prompt_ids
+    from kernelloop.agent.loop.state import GATE_PROMPTS
     from bench.engine_gpu import LLAMA3_8B, write_model_dir
     from kernelloop.engine.engine import Engine, EngineConfig
 

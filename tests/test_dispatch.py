@@ -9,7 +9,7 @@ import torch
 
 from kernelloop.kernels import OPS, get_op
 from kernelloop.kernels.dispatch import Dispatcher
-from kernelloop.kernels.registry import ANY_BUCKET, Provenance
+from kernelloop.kernels.registry import ANY_BUCKET
 
 from kernelloop.kernels.errors import RegistryError
 
@@ -146,3 +146,41 @@ def test_entries_of_another_device_are_ignored(registry):
 def test_unknown_mode_is_refused(registry):
     with pytest.raises(ValueError, match="unknown kernel mode"):
         Dispatcher("fastest", registry=registry)
+
+
+def test_a_demotion_is_listed_until_the_next_reload(registry):
+    # Issue #15: a kernel that raised was demoted with only a log line to say so.
+    entry = add(registry, RAISING_SOURCE)
+    kd = Dispatcher("registry", registry=registry)
+    kd.rmsnorm(*inputs())
+    [demotion] = kd.demotions
+    assert (demotion.op, demotion.where, demotion.variant, demotion.now) == (
+        "rmsnorm", "float32 hidden=33,tokens=2-16", f"registry:{entry.id}", "baseline")
+    assert demotion.error == "RuntimeError: kernel exploded"
+    kd.reload()
+    assert kd.demotions == []
+
+
+def test_out_of_memory_is_not_the_kernels_fault(registry):
+    # A transient out-of-memory used to demote a registry kernel for good.
+    add(registry, "import torch\n\ndef forward(x, weight, eps):\n    raise torch.OutOfMemoryError('CUDA out of memory')\n")
+    kd = Dispatcher("registry", registry=registry)
+    with pytest.raises(torch.OutOfMemoryError):
+        kd.rmsnorm(*inputs())
+    assert kd.demotions == [] and kd.variants_in_use()["rmsnorm"]["float32 hidden=33,tokens=2-16"].startswith("registry:")
+
+
+def test_metrics_show_demotions(registry):
+    from types import SimpleNamespace
+
+    from kernelloop.engine.metrics import render_metrics
+
+    entry = add(registry, RAISING_SOURCE)
+    kd = Dispatcher("registry", registry=registry)
+    kd.rmsnorm(*inputs())
+    engine = SimpleNamespace(kernels=kd, stats={"generated_tokens": 0, "prompt_tokens": 0, "forwards": 0},
+                             scheduler=SimpleNamespace(running=[], waiting=[], chunked=None), kv_usage=lambda: 0.0,
+                             cache=SimpleNamespace(hit_rate=0.0))
+    text = render_metrics(SimpleNamespace(engine=engine, tokens_per_second=lambda: 0.0))
+    assert (f'kernelloop_kernel_demoted{{op="rmsnorm",shape="float32 hidden=33,tokens=2-16",'
+            f'variant="registry:{entry.id}",now="baseline"}} 1') in text

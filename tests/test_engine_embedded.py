@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import kernelloop.engine.embedded as embedded
+from kernelloop.engine.errors import ModelLoadError
 from kernelloop.engine.embedded import MARKER, RECIPE_VERSION, ensure_embedded_model, render_document, verify
 from kernelloop.engine.embedded.corpus import ANIMALS, CAPITALS, OPPOSITES, THINGS, Document, generate_corpus
 from kernelloop.engine.embedded.model import ModelConfig, forward
@@ -266,7 +267,7 @@ def test_failed_build_leaves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def test_a_failed_build_process_raises(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="building the embedded model failed"):
+    with pytest.raises(ModelLoadError, match="building the embedded model failed"):  # one line, exit 2 in the CLIs
         embedded.build_in_subprocess(tmp_path / "missing")
 
 

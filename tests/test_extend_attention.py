@@ -17,6 +17,7 @@ import torch
 
 from kernelloop.kernels.compare import check_impl, check_outputs
 from kernelloop.kernels.ops import extend_attention as ea
+from kernelloop.kernels.ops import extend_attention_kernel
 from kernelloop.kernels.spec import Case
 
 SPEC = ea.SPEC
@@ -55,7 +56,7 @@ def test_baseline_passes_its_whole_cpu_battery(dtype):
 @pytest.mark.parametrize("block_m,block_n", [(32, 32), (64, 16), (128, 32), (16, 64)])
 def test_other_tiles_match_reference(block_m, block_n):
     def impl(*args):
-        return ea.launch(*args, BLOCK_M=block_m, BLOCK_N=block_n)
+        return extend_attention_kernel.launch(*args, BLOCK_M=block_m, BLOCK_N=block_n)
 
     for shape in (SPEC.test_shapes[1], SPEC.test_shapes[3], SPEC.held_back[1]):
         for dtype in (torch.float32, torch.bfloat16):
@@ -207,7 +208,7 @@ def test_battery_and_engine_shapes():
 
 # --- Planted wrong kernels: each is caught by the battery ---------------------------------------
 
-SOURCE = inspect.getsource(ea)
+SOURCE = inspect.getsource(extend_attention_kernel)  # the baseline kernel file
 
 MUTANTS = {
     "query i sees new token i + 1": ("(offs_n[None, :] <= tok[:, None])", "(offs_n[None, :] <= tok[:, None] + 1)"),
@@ -218,7 +219,7 @@ MUTANTS = {
     "query head h uses kv head h % Hk": ("head = kv_head * G + offs_g\n",
                                          "head = offs_g * tl.num_programs(1) + kv_head\n"),
     "TF32 dots for float32": ('precision = "ieee" if q.dtype == torch.float32 else "tf32"', 'precision = "tf32"'),
-    "ignores sm_scale": ("sm_scale, B, B.bit_length()", "1 / math.sqrt(D), B, B.bit_length()"),
+    "ignores sm_scale": ("sm_scale, B, B.bit_length()", "1 / D ** 0.5, B, B.bit_length()"),
 }
 
 

@@ -11,7 +11,9 @@ import random
 
 import pytest
 
-from kernelloop.agent.gate import GateConfig, alternate_speed, judge
+from kernelloop.agent.gate import alternate_speed, judge
+
+from kernelloop.agent.loop.state import GateConfig
 
 SUMMARY = {"greedy": [[1, 2, 3]], "kl": 1e-6, "tokens_per_second": 10.0}
 

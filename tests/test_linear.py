@@ -20,6 +20,7 @@ import triton.language as tl
 
 from kernelloop.kernels.compare import check_impl, check_outputs
 from kernelloop.kernels.ops import linear as linear_mod
+from kernelloop.kernels.ops import linear_kernel
 from kernelloop.kernels.spec import DEFAULT_TOLERANCES, Tolerance, size_bucket
 
 SPEC = linear_mod.SPEC
@@ -54,27 +55,28 @@ def test_the_whole_cpu_battery_passes(dtype):
 
 
 def test_the_paths_are_the_ones_the_shapes_claim():
-    decode = linear_mod.pick_config(16, torch.bfloat16)
+    decode = linear_kernel.pick_config(16, torch.bfloat16)
     assert decode.block_m == 16 and decode.split_k
-    assert linear_mod.pick_config(17, torch.bfloat16).block_m == 64
-    assert linear_mod.pick_config(1, torch.float32).block_m == 16
-    assert linear_mod.pick_config(300, torch.float32) != linear_mod.pick_config(100, torch.float32)
+    assert linear_kernel.pick_config(17, torch.bfloat16).block_m == 64
+    assert linear_kernel.pick_config(1, torch.float32).block_m == 16
+    assert linear_kernel.pick_config(300, torch.float32) != linear_kernel.pick_config(100, torch.float32)
     shapes = {(s["tokens"], s["n"], s["k"]) for s in SPEC.test_shapes}
     for dtype in DTYPES:
-        plans = {(m, n, k): linear_mod.split_k_plan(m, n, k, linear_mod.pick_config(m, dtype)) for m, n, k in shapes}
+        plans = {(m, n, k): linear_kernel.split_k_plan(m, n, k, linear_kernel.pick_config(m, dtype))
+                 for m, n, k in shapes}
         assert plans[(16, 64, 1100)][0] > 1 and plans[(20, 40, 700)][0] > 1  # split along K, decode and tiled
         assert plans[(1, 96, 200)][0] == 1 and plans[(33, 200, 96)][0] == 1
     # Every split is non-empty and a multiple of BLOCK_K; together they cover K.
     for k in (1, 63, 64, 65, 1100, 4096, 14336, 28672):
         for splits in (None, 1, 2, 3, 16, 1000):
-            cfg = linear_mod.pick_config(1, torch.bfloat16)
-            s, chunk = linear_mod.split_k_plan(1, 64, k, cfg, splits)
+            cfg = linear_kernel.pick_config(1, torch.bfloat16)
+            s, chunk = linear_kernel.split_k_plan(1, 64, k, cfg, splits)
             assert s == 1 and chunk == k or (chunk % cfg.block_k == 0 and (s - 1) * chunk < k <= s * chunk)
 
 
 def _configs():
-    for table, dtype in ((linear_mod.CONFIGS_16BIT, torch.bfloat16), (linear_mod.CONFIGS_16BIT, torch.float16),
-                         (linear_mod.CONFIGS_FP32, torch.float32)):
+    for table, dtype in ((linear_kernel.CONFIGS_16BIT, torch.bfloat16), (linear_kernel.CONFIGS_16BIT, torch.float16),
+                         (linear_kernel.CONFIGS_FP32, torch.float32)):
         for limit, cfg in table:
             yield pytest.param(cfg, dtype, id=f"{str(dtype)[6:]}-upto{min(limit, 99999)}")
 
@@ -85,13 +87,13 @@ def test_every_configuration_and_split_is_right(cfg, dtype, split_k):
     # M and N ragged against every tile; K = 2.5 K tiles, so splits and the tail both matter.
     shape = {"tokens": 19, "n": 37, "k": cfg.block_k * 5 // 2}
     for variant in ({}, {"bias": True}, {"layout": "strided"}):
-        impl = lambda x, w, b: linear_mod.launch(x, w, b, config=cfg, split_k=split_k)  # noqa: E731
+        impl = lambda x, w, b: linear_kernel.launch(x, w, b, config=cfg, split_k=split_k)  # noqa: E731
         result = check_impl(SPEC, impl, shape, dtype, 0, variant=variant)
         assert result.ok, str(result)
 
 
 def test_the_prefill_configuration_on_more_rows_than_one_tile():
-    cfg = linear_mod.pick_config(8192, torch.bfloat16)
+    cfg = linear_kernel.pick_config(8192, torch.bfloat16)
     assert cfg.block_m == 128 and cfg.block_n == 256
     result = check_impl(SPEC, SPEC.forward, {"tokens": 1030, "n": 20, "k": 20}, torch.bfloat16, 0)
     assert result.ok, str(result)
@@ -280,7 +282,7 @@ def wrong_transposed(x, weight, bias):
 
 
 def wrong_tf32(x, weight, bias):
-    return linear_mod.launch(x, weight, bias, precision="tf32")  # Triton's default for float32 dots
+    return linear_kernel.launch(x, weight, bias, precision="tf32")  # Triton's default for float32 dots
 
 
 def _all_results(impl, shapes, variants=({},)):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import inspect
 import socket
 import threading
@@ -12,9 +12,8 @@ import pytest
 
 from kernelloop.agent.proposers.base import Proposal, TuneContext
 from kernelloop.agent.proposers.llm import LLMProposer, extract_code, feedback_text
-from kernelloop.agent.proposers.prompts import kernel_text
-from kernelloop.kernels.ops import OPS, get_op
-from kernelloop.kernels.ops import rmsnorm as rmsnorm_module
+from kernelloop.agent.proposers.prompts import task_prompt
+from kernelloop.kernels.ops import OPS, baseline_source, get_op
 from kernelloop.sandbox.static_check import ALLOWED_IMPORTS, static_check
 from kernelloop.sandbox.verdict import FAILURES
 from tests.fake_openai import FakeOpenAI
@@ -84,7 +83,7 @@ def ctx() -> TuneContext:
     return TuneContext(
         op="rmsnorm", dtype="bfloat16", device="cpu",
         shapes=({"tokens": 7, "hidden": 2880}, {"tokens": 1, "hidden": 2880}, {"tokens": 300, "hidden": 4096}),
-        best_source=None, baseline_source=inspect.getsource(rmsnorm_module),
+        best_source=None, baseline_source=baseline_source("rmsnorm"),
         roofline={"bytes_per_s": 1.3e9, "roofline_pct": 6.2, "device_bytes_per_s": 2.0e10},
         failures=(
             {"source": "import os\n", "failure": "static", "reason": "line 1: import of 'os' is not allowed"},
@@ -136,7 +135,8 @@ def test_round1_prompt_carries_spec_reference_kernel_profile_device_rules_and_fa
     assert spec.signature in task and spec.summary in task
     assert "bfloat16: atol=0.01 rtol=0.016" in task                     # tolerances
     assert inspect.getsource(spec.reference).strip() in task             # reference source
-    # the baseline kernel, in candidate form (no spec plumbing, no kernels.* imports)
+    # the baseline kernel file, a candidate module (no spec plumbing, no kernels.* imports)
+    assert baseline_source("rmsnorm").strip() in task
     assert "def _rmsnorm_kernel(" in task and "SPEC = OpSpec(" not in task and "from kernels" not in task
     assert '{"hidden": 2880, "tokens": 7}' in task and '{"hidden": 4096, "tokens": 300}' in task
     assert "dtype: bfloat16" in task
@@ -387,9 +387,12 @@ def test_extract_code_takes_the_last_python_block():
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
-def test_baselines_are_shown_in_candidate_form(op):
-    source = inspect.getsource(importlib.import_module(f"kernelloop.kernels.ops.{op}"))
-    shown = kernel_text(source)
-    assert static_check(shown, get_op(op).arg_names).ok
-    assert "def forward(" in shown and "def make_inputs" not in shown and "SPEC =" not in shown
-    assert kernel_text(shown) == shown
+def test_baselines_are_shown_in_candidate_form(op, ctx):
+    """The task shows the op's baseline kernel file as it is: a legal candidate, no AST surgery."""
+    source = baseline_source(op)
+    assert static_check(source, get_op(op).arg_names).ok
+    assert "def forward(" in source and "def make_inputs" not in source and "SPEC =" not in source
+    task = task_prompt(dataclasses.replace(ctx, op=op, baseline_source=source, failures=()))
+    assert "```python\n" + source.rstrip() + "\n```" in task
+
+

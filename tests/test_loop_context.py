@@ -37,7 +37,7 @@ def test_the_reference_engine_is_float32_uncaptured_and_on_the_same_weights(tmp_
             reference, engine = ctx.reference.config, ctx.engine.config
             assert reference.kernels == "reference" and reference.dtype == "float32" and not reference.cuda_graphs
             assert reference.random_weights and engine.random_weights and engine.kernels == "registry"
-            ref_params, eng_params = ctx.reference.model.parameters(), ctx.engine.model.parameters()
+            ref_params, eng_params = ctx.reference.engine.model.parameters(), ctx.engine.engine.model.parameters()
             assert all(torch.equal(ref_params[k], eng_params[k].float()) for k in ref_params)
         finally:
             ctx.close()

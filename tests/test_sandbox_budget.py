@@ -18,7 +18,9 @@ from kernelloop.sandbox.plan import CPU_SIZE_CAP, CPU_TIMING_CAP, check_cases, i
 REPO = Path(__file__).resolve().parents[1]
 HONEST = (REPO / "tests" / "sandbox_candidates" / "control_rmsnorm_row.py").read_text()
 # Honest, but at hidden=999 (the timing shape the test asks for, never in the battery) it also runs
-# 12000 trivial programs: ~3 s a call and as much a replay in the interpreter, so 7 rounds cannot fit.
+# 200000 trivial programs: ~6 s a call and as much a replay in the interpreter (the interpreter's
+# speed varies with the machine and its packages: 12000 programs took 3 s on one, 0.36 s on another),
+# so 7 rounds cannot fit in 45 s.
 SLOW_WHEN_TIMED = HONEST.replace("def forward(", '''@triton.jit
 def _busy(s_ptr):
     pid = tl.program_id(0)
@@ -26,8 +28,8 @@ def _busy(s_ptr):
 
 
 def forward(''').replace("    return y.view(x.shape)", '''    if n == 999:
-        scratch = torch.empty(12000, device=x.device)
-        _busy[(12000,)](scratch)
+        scratch = torch.empty(200000, device=x.device)
+        _busy[(200000,)](scratch)
     return y.view(x.shape)''')
 # profile shapes of the embedded model as `agent tune` passes them (hottest first)
 ROPE_PROFILE = ({"tokens": 780, "q_heads": 8, "kv_heads": 2, "head_dim": 32},
@@ -57,7 +59,7 @@ def test_timing_incomplete_is_a_correct_failure() -> None:
 
 
 def test_a_correct_candidate_cut_off_while_timed_stays_correct(tmp_path: Path) -> None:
-    options = CheckOptions(device="cpu", registry=tmp_path / "none", dtypes=("float32",), seed=3,
+    options = CheckOptions(device="cpu", registry_baseline=False, dtypes=("float32",), seed=3,
                            timing_shape={"tokens": 2, "hidden": 999}, timeout_s=45)
     with Sandbox(options) as sandbox:
         v = sandbox.judge_source("rmsnorm", SLOW_WHEN_TIMED, "slow_when_timed.py")
@@ -70,7 +72,7 @@ def test_a_correct_candidate_cut_off_while_timed_stays_correct(tmp_path: Path) -
 
 def test_correctness_cannot_take_the_timings_share(tmp_path: Path) -> None:
     spin = (REPO / "tests" / "sandbox_candidates" / "infinite_loop.py").read_text()
-    options = CheckOptions(device="cpu", registry=tmp_path / "none", dtypes=("float32",), seed=3, timeout_s=20)
+    options = CheckOptions(device="cpu", registry_baseline=False, dtypes=("float32",), seed=3, timeout_s=20)
     with Sandbox(options) as sandbox:
         v = sandbox.judge_source("rmsnorm", spin, "spin.py")
     assert v.failure == "timeout" and not v.correct
@@ -134,3 +136,20 @@ def test_a_shape_timed_smaller_keeps_the_registry_baseline_of_its_bucket(tmp_pat
                                  .read_text(), "multirow.py")
     assert v.correct and v.baseline == f"registry {entry.id}", v.baseline
     assert v.timing["shape"] == {"tokens": CPU_TIMING_CAP, "hidden": 192} and v.timing["asked_shape"] == asked
+
+
+def test_registry_baseline_false_times_against_the_ops_own_kernel(tmp_path: Path) -> None:
+    # agent verify re-judges an entry against what it replaced, not against itself (issue #15: this
+    # was done by pointing the sandbox at a registry path named `none`).
+    from kernelloop.kernels.registry import Registry
+    from kernelloop.kernels.registry.entry import Provenance
+
+    spec, asked = get_op("rmsnorm"), {"tokens": 16, "hidden": 192}
+    registry = Registry(tmp_path / "reg")
+    registry.add("rmsnorm", HONEST, device="cpu-interpreter", dtype="float32", bucket=spec.bucket(asked),
+                 speedup=1.1, speedup_ci=(1.05, 1.2), provenance=Provenance("human"))
+    options = CheckOptions(registry=registry.path, registry_baseline=False, seed=4, dtypes=("float32",), rounds=2,
+                           timing_shape=asked, timing_dtype="float32")
+    with Sandbox(options) as sandbox:
+        v = sandbox.judge_source("rmsnorm", HONEST, "honest.py")
+    assert v.correct and v.baseline == "the op's baseline kernel", v.baseline

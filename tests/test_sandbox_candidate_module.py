@@ -24,7 +24,7 @@ def forward(''').replace("BLOCK=triton.next_power_of_2(n))", "BLOCK=triton.next_
 
 def test_a_candidate_may_define_a_dataclass(tmp_path: Path) -> None:
     assert "@dataclass" in WITH_DATACLASS and "CONFIG.num_warps" in WITH_DATACLASS
-    options = CheckOptions(device="cpu", registry=tmp_path / "none", dtypes=("float32",), timing=False, seed=5)
+    options = CheckOptions(device="cpu", registry_baseline=False, dtypes=("float32",), timing=False, seed=5)
     with Sandbox(options) as sandbox:
         v = sandbox.judge_source("rmsnorm", WITH_DATACLASS, "with_dataclass.py")
     assert v.correct and v.failure is None, v.reason

@@ -32,7 +32,7 @@ saved = forkserver._forbid_cuda()  # as in the fork server: CUDA must not be nee
 import torch, triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
-from kernelloop.kernels.ops import rmsnorm
+from kernelloop.kernels.ops import rmsnorm_kernel
 from kernelloop.sandbox import guards, worker
 
 scratch, ptxas = Path(sys.argv[1]), sys.argv[2]
@@ -51,7 +51,7 @@ if pid == 0:
             result["tempfile"] = f.name
         knobs.nvidia.dump_ptxas_log = True
         src = triton.compiler.ASTSource(
-            fn=rmsnorm._rmsnorm_kernel,
+            fn=rmsnorm_kernel._rmsnorm_kernel,
             signature={"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "x_row_stride": "i32",
                        "y_row_stride": "i32", "n_cols": "i32", "eps": "fp32", "BLOCK_N": "constexpr"},
             constexprs={"BLOCK_N": 4096})

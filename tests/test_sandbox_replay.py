@@ -45,7 +45,7 @@ def test_baseline_replays_bit_for_bit(op: str) -> None:
     out, record, rec = _record(spec.forward, args)
     assert record["problem"] is None and not rec.forbidden
     assert any(e["kind"] == "launch" for e in record["entries"])
-    replayed = Replay(kernels_from_module(f"kernelloop.kernels.ops.{op}"), "cpu").run(record, _fresh(args))
+    replayed = Replay(kernels_from_module(spec.forward.__module__), "cpu").run(record, _fresh(args))
     outs = out if isinstance(out, tuple) else (out,)
     assert len(replayed) == len(outs) and all(same_bits(a, b) for a, b in zip(replayed, outs))
 
@@ -73,7 +73,7 @@ def test_output_made_outside_the_kernels_is_not_reproduced() -> None:
         return y
 
     out, record, _ = _record(cheat, args)
-    replayed = Replay(kernels_from_module("kernelloop.kernels.ops.rmsnorm"), "cpu").run(record, _fresh(args))
+    replayed = Replay(kernels_from_module(spec.forward.__module__), "cpu").run(record, _fresh(args))
     assert not same_bits(replayed[0], out)
 
 
@@ -85,7 +85,7 @@ def test_memory_from_nowhere_is_untraceable() -> None:
         return spec.forward(x, w, eps).copy_(stash) if False else _launch_into(stash, x, w, eps)
 
     def _launch_into(buf, x, w, eps):
-        from kernelloop.kernels.ops.rmsnorm import _rmsnorm_kernel
+        from kernelloop.kernels.ops.rmsnorm_kernel import _rmsnorm_kernel
 
         _rmsnorm_kernel[(3,)](x, w, buf, 16, 16, 16, eps, BLOCK_N=16)
         return buf.clone()
@@ -116,7 +116,7 @@ def test_a_forged_record_is_refused(mutate, message: str) -> None:
     _, record, _ = _record(spec.forward, args)
     mutate(record)
     with pytest.raises(ReplayError, match=message):
-        Replay(kernels_from_module("kernelloop.kernels.ops.rmsnorm"), "cpu").run(record, _fresh(args))
+        Replay(kernels_from_module(spec.forward.__module__), "cpu").run(record, _fresh(args))
 
 
 def test_rebuilding_keeps_only_kernels_and_refuses_code_in_defaults() -> None:

@@ -9,7 +9,6 @@ thing: `engine serve` on the embedded model (a garbage-text LLM) and `agent tune
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import socket
@@ -27,9 +26,9 @@ from kernelloop.agent.loop.graph import run_tune
 from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import TuneContext
 from kernelloop.agent.proposers.llm import LLMEndpointError, LLMProposer, classify_answer
-from kernelloop.agent.proposers.prompts import bare_code, kernel_text
+from kernelloop.agent.proposers.prompts import bare_code
 from kernelloop.history import History
-from kernelloop.kernels.ops import OPS, get_op
+from kernelloop.kernels.ops import OPS, baseline_source, get_op
 from kernelloop.kernels.registry import Registry
 from kernelloop.sandbox.static_check import static_check
 from tests.fake_openai import FakeOpenAI
@@ -163,7 +162,7 @@ def test_a_repeated_module_is_recorded_as_a_duplicate_and_not_judged_twice(tmp_p
 
 def test_every_answer_unusable_exits_non_zero_with_the_cause(tmp_path: Path, monkeypatch, capsys) -> None:
     script = [PROSE, {"text": "la " * 30, "finish_reason": "length"}, ""]
-    monkeypatch.setattr("kernelloop.agent.commands.tune.LoopContext", CannedProfile)  # no engine: the canned profile
+    monkeypatch.setattr("kernelloop.agent.loop.context.LoopContext", CannedProfile)  # no engine: the canned profile (tune imports it when it runs)
     with FakeOpenAI(script) as fake:
         monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
         code = agent_main(["tune", OP, "--proposer", "llm", "--llm-model", "fake-model", "--device", "cpu",
@@ -232,10 +231,8 @@ def test_a_model_the_endpoint_does_not_serve_fails_fast_before_profiling(tmp_pat
 # -- a model with a small context window --------------------------------------------------------
 
 def _ctx() -> TuneContext:
-    from kernelloop.kernels.ops import silu_mul
-
     return TuneContext(op=OP, dtype="float32", device="cpu", shapes=(SHAPE,), best_source=None,
-                       baseline_source=inspect.getsource(silu_mul), roofline={}, failures=())
+                       baseline_source=baseline_source(OP), roofline={}, failures=())
 
 
 def test_a_prompt_too_long_for_the_model_is_compacted() -> None:
@@ -255,10 +252,7 @@ def test_a_prompt_too_long_for_the_model_is_compacted() -> None:
 
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_the_compact_task_shows_a_valid_current_kernel(op: str) -> None:
-    import importlib
-
-    source = inspect.getsource(importlib.import_module(f"kernelloop.kernels.ops.{op}"))
-    shown = bare_code(kernel_text(source))
+    shown = bare_code(baseline_source(op))
     assert static_check(shown, get_op(op).arg_names).ok and '"""' not in shown and "#" not in shown
 
 

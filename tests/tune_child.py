@@ -8,10 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kernelloop.agent.gate import GATE_PROMPTS, GateConfig
+from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune, unfinished_run
-from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import Proposal
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry
@@ -21,8 +20,16 @@ FILES = ["unwritten_tail.py", "control_rmsnorm_row.py", "control_rmsnorm_multiro
 
 
 class Fixed:
+    """A Proposer (agent/proposers/base.py): the three files once, then nothing."""
+
+    last_error = None
+    rejected: list = []
+
     def propose(self, ctx, feedback, n):  # noqa: ANN001
         return [] if feedback else [Proposal((CANDIDATES / f).read_text(), "fixed", f) for f in FILES]
+
+    def close(self) -> None:
+        pass
 
 
 def main(folder: Path, model: str) -> None:

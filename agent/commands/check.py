@@ -9,37 +9,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from kernelloop.kernels import get_op
-from kernelloop.kernels.device import resolve_device
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.target_compile import parse_targets
-from kernelloop.history import History
-from kernelloop.sandbox import CheckOptions, Sandbox
-
+from kernelloop.agent.commands.common_args import (add_device_argument, add_history_argument, add_min_gain_argument,
+                                                  add_registry_argument, add_timeout_argument, check_timeout_argument)
 from kernelloop.agent.render import print_table, throttled
+from kernelloop.kernels.errors import KernelloopError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="judge candidate kernels: correct, safe and faster? (one JSON verdict each)")
     p.add_argument("op", help="the op the candidates implement, e.g. rmsnorm")
     p.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="candidate .py files, or folders of them")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    add_device_argument(p, "where the candidates are judged")
     p.add_argument("--json", action="store_true", help="print only the JSON verdicts, one per line")
-    p.add_argument("--registry", type=Path, default=None,
-                   help="registry whose current kernel is the baseline (default: $KERNELLOOP_REGISTRY or ~/.local/share/kernelloop/registry)")
+    add_registry_argument(p, "registry whose current kernel is the baseline")
     p.add_argument("--no-timing", action="store_true", help="correctness only (never accepted)")
-    p.add_argument("--min-gain", type=float, default=0.03, help="required lower bound of the speedup interval, minus 1 (default 0.03)")
+    add_min_gain_argument(p)
     p.add_argument("--dtypes", default=None, help="comma-separated subset to check, e.g. float32,bfloat16")
     p.add_argument("--shapes", default=None, help='extra shapes as JSON, e.g. \'[{"tokens": 3, "hidden": 96}]\'')
-    p.add_argument("--timeout", type=float, default=None,
-                   help="seconds per candidate, shared by correctness and timing (default: 180 on cpu, 120 on cuda)")
+    add_timeout_argument(p, "one candidate")
     p.add_argument("--memory-mb", type=int, default=4096, help="memory per candidate (default 4096)")
     p.add_argument("--seed", type=int, default=None, help="master seed for inputs (default: secret)")
-    p.add_argument("--history", type=Path, default=None, metavar="PATH",
-                   help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
+    add_history_argument(p, "history database the attempts are recorded in")
     p.add_argument("--no-history", action="store_true", help="do not record the attempts")
     p.add_argument("--fresh-interpreter", action="store_true", help="no fork server: a new interpreter per candidate")
     p.add_argument("--unconfined", action="store_true",
@@ -79,6 +71,15 @@ def _shapes(text: str | None) -> tuple[dict, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kernelloop.history import History
+    from kernelloop.kernels import get_op
+    from kernelloop.kernels.device import resolve_device
+    from kernelloop.kernels.target_compile import parse_targets
+    from kernelloop.sandbox import CheckOptions, Sandbox
+
+    from kernelloop.agent.progress_view import ProgressView
+
+    check_timeout_argument(args)
     spec = get_op(args.op)
     device = resolve_device(args.device)
     try:
@@ -97,16 +98,15 @@ def run(args: argparse.Namespace) -> int:
         unconfined=args.unconfined, compile_for=compile_for)
     verdicts = []
     history = None if args.no_history else History(args.history)
-    progress = throttled(lambda message: print(message, file=sys.stderr, flush=True), prefix="    ")
-    with Sandbox(options, progress=progress) as sandbox:
-        for i, path in enumerate(files, 1):
-            print(f"[{i}/{len(files)}] {path} ...", file=sys.stderr, flush=True)
+    with ProgressView() as view, Sandbox(options, progress=throttled(view, prefix="    ")) as sandbox:
+        for i, path in enumerate(files, 1):  # bars on a terminal (stderr), plain lines otherwise
+            view(f"[{i}/{len(files)}] {path} ...")
             source = path.read_text(errors="replace")
             v = sandbox.judge_source(spec.name, source, str(path))
             if history is not None:
                 history.record_attempt(spec.name, source, "human", v.to_json(), label=path.name)
-            print(f"[{i}/{len(files)}] {path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"
-                  f" ({v.duration_s:.1f} s) {v.reason}", file=sys.stderr, flush=True)
+            view(f"[{i}/{len(files)}] {path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"
+                 f" ({v.duration_s:.1f} s) {v.reason}")
             verdicts.append(v)
             if args.json:
                 print(v.json_line(), flush=True)

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
+from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
+                                                  close_proposers, gate_config, tune_settings)
 from kernelloop.agent.commands.tune import engine_target
-from kernelloop.agent.commands.tune_args import add_tune_arguments, build_proposers, check_tune_arguments, close_proposers, proposer_names
-from kernelloop.agent.daemon import Daemon, DaemonMetrics, serve_metrics
-from kernelloop.agent.gate import GateConfig
-from kernelloop.agent.loop.context import LoopContext
-from kernelloop.agent.loop.state import TuneSettings
-from kernelloop.history import History
 from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.registry import Registry
 
 log = logging.getLogger("kernelloop.daemon")
 
@@ -36,30 +30,35 @@ def run(args: argparse.Namespace) -> int:
     if args.interval < 0 or (args.max_runs is not None and args.max_runs < 1):
         raise KernelloopError("--interval must be >= 0 and --max-runs >= 1")
     check_tune_arguments(args)
-    handlers = [logging.StreamHandler(sys.stderr)] + ([logging.FileHandler(args.log_file)] if args.log_file else [])
+    from kernelloop.agent.progress_view import ProgressView, StderrHandler
+
+    handlers = [StderrHandler()] + ([logging.FileHandler(args.log_file)] if args.log_file else [])  # above any bars
     for handler in handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-    if args.op is not None:
-        from kernelloop.kernels import get_op
+    from kernelloop.agent.daemon import Daemon, DaemonMetrics, serve_metrics
+    from kernelloop.agent.loop.context import LoopContext
+    from kernelloop.history import History
+    from kernelloop.kernels import get_op
+    from kernelloop.kernels.registry import Registry
 
+    if args.op is not None:
         get_op(args.op)
     proposers = build_proposers(args)  # before the engine: a dead LLM endpoint is one line, exit 2
     remote, device, registry, model = engine_target(args)
-    settings = TuneSettings(op=args.op, device=device, proposers=tuple(proposer_names(args)), rounds=args.rounds,
-                            candidates=args.candidates, min_gain=args.min_gain, sandbox_timeout_s=args.timeout)
+    settings = tune_settings(args, device)
     metrics = DaemonMetrics()
     server = None
     if args.metrics_port >= 0:
         server = serve_metrics(metrics, args.metrics_port)
         log.info("metrics on http://127.0.0.1:%d/metrics", server.server_address[1])
     try:
-        with History(args.history) as history:
+        with History(args.history) as history, ProgressView(log.info) as progress:  # bars on a terminal
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
-                              device=device, model=model, remote=remote,
-                              gate=GateConfig(tps_tolerance=args.gate_tps_tolerance), progress=log.info)
+                              device=device, model=model, engine=remote,
+                              gate=gate_config(args), progress=progress)
             daemon = Daemon(ctx, settings, interval_s=args.interval, max_runs=args.max_runs,
                             max_seconds=args.max_hours * 3600 if args.max_hours else None, metrics=metrics)
             daemon.install_signal_handlers()

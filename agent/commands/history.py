@@ -5,17 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kernelloop.history import History, default_history_path
-from kernelloop.history.queries import attempt_time, outcome
-from kernelloop.kernels import get_op
-
+from kernelloop.agent.commands.common_args import add_history_argument, positive_int
 from kernelloop.agent.render import print_json, print_table
-from kernelloop.engine.cli import positive_int
-
-
-def add_history_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--history", default=None, metavar="PATH",
-                   help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kernelloop.history import History, default_history_path
+    from kernelloop.history.queries import attempt_time, outcome
+    from kernelloop.kernels import get_op
+
     path = default_history_path() if args.history is None else Path(args.history).expanduser()
     if not path.exists():  # a read never creates the file
         print(f"no history yet at {path}")

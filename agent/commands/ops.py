@@ -6,13 +6,11 @@ import argparse
 import sys
 import time
 
-from kernelloop.kernels import OPS, get_op
-from kernelloop.kernels.compare import CheckResult, check_impl
-from kernelloop.kernels.device import device_fingerprint, resolve_device
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.spec import dtype_name, parse_dtype, pick_shapes
-
+from kernelloop.agent.commands.common_args import add_device_argument
 from kernelloop.agent.render import print_json, print_table
+from kernelloop.kernels.errors import KernelloopError
+
+# The op table (torch, Triton) is loaded when the command runs: `agent --help` stays fast.
 
 ENGINE_SHAPES = 12  # on a GPU, this many engine shapes per op, spread over models, decode and prefill
 
@@ -22,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("names", nargs="*", metavar="OP", help="only these ops (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--check", action="store_true", help="check each baseline Triton kernel against its torch reference")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where to check (default: cuda if available)")
+    add_device_argument(p, "where --check runs the kernels")
     p.add_argument("--seeds", type=int, default=2, help="random seeds per shape and dtype (default 2)")
     p.add_argument("--dtypes", default=None, help="comma-separated subset, e.g. float32,bfloat16")
     p.add_argument("--template", default=None, metavar="OP",
@@ -32,17 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def template(op: str) -> str:
-    """The op's baseline as a candidate: its module without the spec plumbing, helpers inlined."""
-    import inspect
+    """The op's baseline kernel file (a self-contained candidate module, kernels/ops/<op>_kernel.py)."""
+    from kernelloop.kernels.ops import baseline_source, get_op
 
-    from kernelloop.agent.proposers.prompts import kernel_text
-
-    spec = get_op(op)
+    get_op(op)  # an unknown op: one line, exit 2
     return (f"# {op}: the baseline Triton kernel as a self-contained candidate.\n"
-            f"# Edit it, then judge it: agent check {op} THIS_FILE\n" + kernel_text(inspect.getsource(inspect.getmodule(spec.forward))))
+            f"# Edit it, then judge it: agent check {op} THIS_FILE\n" + baseline_source(op))
 
 
 def run(args: argparse.Namespace) -> int:
+    from kernelloop.kernels.ops import OPS, get_op
+    from kernelloop.kernels.spec import dtype_name
+
     if args.template:
         sys.stdout.write(template(args.template))
         return 0
@@ -59,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check(specs: list, args: argparse.Namespace) -> int:
+    from kernelloop.kernels.compare import CheckResult, check_impl
+    from kernelloop.kernels.device import device_fingerprint, resolve_device
+    from kernelloop.kernels.spec import dtype_name, parse_dtype, pick_shapes
+
     device = resolve_device(args.device)
     if args.seeds < 1:
         raise KernelloopError("--seeds must be at least 1")

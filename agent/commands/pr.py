@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kernelloop.agent import pr
+from kernelloop.agent.commands.common_args import add_history_argument, add_registry_argument
+from kernelloop.agent.pr_github import DEFAULT_GITHUB_API
 from kernelloop.agent.render import print_json
 
 
@@ -17,21 +18,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote", default="origin", metavar="NAME", help="remote to push to (default: origin)")
     p.add_argument("--base", default=None, metavar="BRANCH", help="branch to start from and merge into "
                    "(default: the repository's current branch)")
-    p.add_argument("--registry", default=None, metavar="PATH",
-                   help="registry repository (default: $KERNELLOOP_REGISTRY or ~/.local/share/kernelloop/registry)")
-    p.add_argument("--history", default=None, metavar="PATH",
-                   help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
+    add_registry_argument(p, "registry repository")
+    add_history_argument(p)
     p.add_argument("--token", default=None, help="GitHub token (default: $GITHUB_TOKEN)")
     p.add_argument("--github-repo", default=None, metavar="OWNER/NAME",
                    help="GitHub repository (default: parsed from the remote's URL when it is on github.com)")
     p.add_argument("--github-api", default=None, metavar="URL",
-                   help=f"GitHub API base URL (default: $KERNELLOOP_GITHUB_API or {pr.DEFAULT_GITHUB_API})")
+                   help=f"GitHub API base URL (default: $KERNELLOOP_GITHUB_API or {DEFAULT_GITHUB_API})")
     p.add_argument("--dry-run", action="store_true", help="print the branch name and the body; write nothing")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from kernelloop.agent import pr  # git and the history: loaded when the command runs
+
     opts = pr.Options(repo=args.repo, remote=args.remote, base=args.base, registry=args.registry,
                       history=args.history, dry_run=args.dry_run, token=args.token,
                       github_repo=args.github_repo, github_api=args.github_api)

@@ -8,14 +8,14 @@ profile is printed (a table, or JSON with --json) and recorded in the history da
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.profiler.workload import agent_workload
-
+from kernelloop.agent.commands.common_args import add_device_argument, add_history_argument
 from kernelloop.agent.render import print_json, print_table
+from kernelloop.kernels.errors import KernelloopError
+from kernelloop.kernels.progress import Progress
+from kernelloop.profiler.workload import agent_workload
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,35 +31,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="in-process only: model directory or a known name (smollm2) (default: the embedded model)")
     p.add_argument("--kernels", choices=("reference", "baseline", "registry"), default="reference",
                    help="in-process only: which kernels the engine runs (default reference: fast on CPU)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="in-process only (default: cuda if available)")
+    add_device_argument(p, "in-process only: where the engine runs")
     p.add_argument("--trace", type=Path, default=None, metavar="FILE",
                    help="in-process only: write a Chrome trace (opens in Perfetto)")
     p.add_argument("--ncu", default=None, metavar="OP",
                    help="also collect Nsight Compute metrics for OP's kernel (GPU with ncu; a one-line skip otherwise)")
-    p.add_argument("--history", type=Path, default=None, metavar="PATH", help="history database (default: $KERNELLOOP_HISTORY or ~/.local/share/kernelloop/history.db)")
+    add_history_argument(p, "history database the profile is recorded in")
     p.add_argument("--no-history", action="store_true", help="do not record the profile")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(run=run)
-
-
-def _progress(message: str) -> None:
-    print(f"\r{message}", end="", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.requests < 1 or args.concurrency < 1 or args.seconds <= 0:
         raise KernelloopError("--requests, --concurrency and --seconds must be positive")
     workload = agent_workload(args.requests, seed=args.seed)
-    if args.engine:
-        if args.trace is not None:
-            raise KernelloopError("--trace needs an in-process engine (drop --engine)")
-        from kernelloop.profiler.http import profile_url
+    if args.engine and args.trace is not None:
+        raise KernelloopError("--trace needs an in-process engine (drop --engine)")
+    from kernelloop.agent.progress_view import ProgressView
 
-        profile = profile_url(args.engine, workload, concurrency=args.concurrency, seconds=args.seconds,
-                              progress=_progress)
-    else:
-        profile = _profile_in_process(args, workload)
-    print(file=sys.stderr)
+    with ProgressView() as progress:  # a bar on a terminal (stderr), one line per message otherwise
+        if args.engine:
+            from kernelloop.profiler.http import profile_url
+
+            profile = profile_url(args.engine, workload, concurrency=args.concurrency, seconds=args.seconds,
+                                  progress=progress)
+        else:
+            profile = _profile_in_process(args, workload, progress)
     if args.ncu:
         from kernelloop.kernels import get_op
         from kernelloop.profiler.ncu import ncu_metrics
@@ -75,18 +73,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _profile_in_process(args: argparse.Namespace, workload: list) -> dict[str, Any]:
+def _profile_in_process(args: argparse.Namespace, workload: list, progress: Progress) -> dict[str, Any]:
+    from kernelloop.agent.local_engine import LocalEngine
     from kernelloop.kernels.device import resolve_device
 
-    from kernelloop.engine.engine import Engine, EngineConfig
-    from kernelloop.profiler.inprocess import profile_engine
-
-    device = resolve_device(args.device)
-    print(f"starting an in-process engine ({args.model or 'embedded model'}, {device}, kernels={args.kernels})",
-          file=sys.stderr, flush=True)
-    engine = Engine(EngineConfig(model=args.model, device=device, kernels=args.kernels))
-    return profile_engine(engine, workload, concurrency=args.concurrency, seconds=args.seconds,
-                          trace_path=args.trace, progress=_progress)
+    engine = LocalEngine(model=args.model, device=resolve_device(args.device), kernels=args.kernels,
+                         name="an in-process engine", progress=progress)
+    try:
+        return engine.profile(workload, progress, concurrency=args.concurrency, seconds=args.seconds,
+                              trace_path=args.trace)
+    finally:
+        engine.close()
 
 
 def _record(path: Path | None, profile: dict[str, Any]) -> int:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernelloop.kernels import get_op
-from kernelloop.kernels.errors import RegistryError
-from kernelloop.kernels.registry import Registry
-from kernelloop.kernels.registry.entry import sha256_text
+from typing import TYPE_CHECKING
 
-from kernelloop.agent.commands.tune_args import add_registry_argument
+from kernelloop.agent.commands.common_args import add_registry_argument
 from kernelloop.agent.render import console, print_json, print_table, warn
+from kernelloop.kernels.errors import RegistryError
+
+if TYPE_CHECKING:
+    from kernelloop.kernels.registry import Registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def open_registry(args: argparse.Namespace) -> Registry:
     """An explicit --registry must exist; the default one may not exist yet (nothing added). Files
     edited by hand and not committed are named on stderr: they are not what is served."""
+    from kernelloop.kernels.registry import Registry
+
     reg = Registry(args.registry)
     if args.registry is not None and not reg.path.exists():
         raise RegistryError(f"no registry at {reg.path}")
@@ -54,6 +57,8 @@ def open_registry(args: argparse.Namespace) -> Registry:
 def run_list(args: argparse.Namespace) -> int:
     reg = open_registry(args)
     if args.op:
+        from kernelloop.kernels import get_op
+
         get_op(args.op)  # unknown op: one clear line, exit 2
     entries = [e for e in reg.entries() if args.op in (None, e.op)]
     if args.json:
@@ -68,6 +73,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     """Exit 1 when the source does not hash to the manifest's sha256 (the engine refuses to load it)."""
+    from kernelloop.kernels.registry.entry import sha256_text
+
     reg = open_registry(args)
     entry = reg.find(args.entry)
     source = reg.source(entry)
@@ -103,7 +110,7 @@ def run_rollback(args: argparse.Namespace) -> int:
     if args.engine:
         from kernelloop.agent.remote import RemoteEngine
 
-        changed = RemoteEngine(args.engine, timeout_s=60).reload_kernels()
+        changed = RemoteEngine(args.engine, timeout_s=60).reload()
         shown = "; ".join(f"{op} {where}: {old} -> {new}" for op, c in changed.items() for where, (old, new) in c.items())
         print(f"reloaded {args.engine}: {shown or 'no kernel it serves changed'}")
     else:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kernelloop.history import default_history_path, default_report_dir
+from kernelloop.agent.commands.common_args import add_history_argument
 from kernelloop.kernels.errors import KernelloopError
-
-from kernelloop.agent.commands.history import add_history_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kernelloop.history.db import default_history_path, default_report_dir
     from kernelloop.history.report import write_report  # matplotlib only when a report is asked for
 
     path = default_history_path() if args.history is None else Path(args.history).expanduser()

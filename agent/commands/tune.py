@@ -19,22 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from kernelloop.agent.commands.tune_args import (add_tune_arguments, build_proposers, check_tune_arguments,
-                                     close_proposers, proposer_names)
-from kernelloop.agent.gate import GateConfig
-from kernelloop.agent.loop.context import LoopContext
-from kernelloop.agent.loop.graph import checkpointed_op, run_tune, unfinished_run, unfinished_runs
-from kernelloop.agent.loop.state import TuneSettings
-from kernelloop.history.queries import PROPOSAL_STAGE
-from kernelloop.agent.remote import RemoteEngine
+from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
+                                                  close_proposers, gate_config, tune_settings)
 from kernelloop.agent.render import print_json, print_table
-from kernelloop.history import History
-from kernelloop.kernels import get_op
-from kernelloop.kernels.device import device_fingerprint, resolve_device
 from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.registry import Registry
+
+# torch, the engine, the loop and the history are imported where a command runs: `agent --help` stays fast.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,12 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def engine_target(args: argparse.Namespace) -> tuple[Any, str, str | None, str | None]:
+    """(the engine handle to tune, device, registry path, model dir) from --engine/--device/--registry/--model.
+    The handle is a RemoteEngine with --engine; None without (LoopContext then tunes a LocalEngine)."""
+    import torch
 
+    from kernelloop.agent.remote import RemoteEngine
+    from kernelloop.kernels.device import device_fingerprint, resolve_device
 
-def engine_target(args: argparse.Namespace) -> tuple[RemoteEngine | None, str, str | None, str | None]:
-    """(remote engine or None, device, registry path, model dir) from --engine/--device/--registry/--model."""
     device = resolve_device(args.device)
     if not args.engine:
         return None, device, args.registry, args.model
@@ -71,6 +63,11 @@ def engine_target(args: argparse.Namespace) -> tuple[RemoteEngine | None, str, s
 
 
 def list_unfinished(args: argparse.Namespace) -> int:
+    from kernelloop.agent.loop.context import LoopContext
+    from kernelloop.agent.loop.graph import checkpointed_op, unfinished_runs
+    from kernelloop.history import History
+    from kernelloop.kernels.registry import Registry
+
     with History(args.history) as history:
         ctx = LoopContext(history=history, registry=Registry(args.registry), proposers={})
         runs = [{"id": r["id"], "started_at": r["started_at"], "asked_op": r["op"], "op": checkpointed_op(ctx, r["id"]),
@@ -88,18 +85,24 @@ def list_unfinished(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.unfinished:
         return list_unfinished(args)
+    from kernelloop.agent.loop.context import LoopContext
+    from kernelloop.agent.loop.graph import run_tune, unfinished_run
+    from kernelloop.agent.progress_view import ProgressView
+    from kernelloop.history import History
+    from kernelloop.kernels import get_op
+    from kernelloop.kernels.registry import Registry
+
     if args.op is not None:
         get_op(args.op)
     check_tune_arguments(args)
     proposers = build_proposers(args)
     try:
         remote, device, registry, model = engine_target(args)
-        settings = TuneSettings(op=args.op, device=device, proposers=tuple(proposer_names(args)), rounds=args.rounds,
-                                candidates=args.candidates, min_gain=args.min_gain, sandbox_timeout_s=args.timeout)
-        with History(args.history) as history:
+        settings = tune_settings(args, device)
+        with History(args.history) as history, ProgressView() as progress:  # bars on a terminal, else lines
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
-                              device=device, model=model, remote=remote,
-                              gate=GateConfig(tps_tolerance=args.gate_tps_tolerance), progress=_progress)
+                              device=device, model=model, engine=remote,
+                              gate=gate_config(args), progress=progress)
             try:
                 previous = unfinished_run(ctx, args.op)
                 if previous is not None and args.restart:
@@ -133,6 +136,8 @@ def serving_hint(state: dict[str, Any], args: argparse.Namespace, registry: str 
 
 
 def show(state: dict[str, Any], as_json: bool) -> None:
+    from kernelloop.history.queries import PROPOSAL_STAGE
+
     judged = state.get("judged", [])
     if as_json:
         print_json({k: v for k, v in state.items() if k not in ("pending",)} | {

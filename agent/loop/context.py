@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kernelloop.agent.gate import GateConfig, Measurement, measure, prompt_ids
-from kernelloop.agent.remote import RemoteEngine
+from kernelloop.agent.engine_handle import EngineHandle, check_handle
+from kernelloop.agent.gate import Measurement, prompt_ids
+from kernelloop.agent.local_engine import LocalEngine
+from kernelloop.agent.loop.state import GateConfig
+from kernelloop.agent.proposers.base import Proposer
 from kernelloop.agent.render import throttled
-from kernelloop.engine.engine import Engine, EngineConfig
-from kernelloop.profiler.inprocess import profile_engine
 from kernelloop.profiler.workload import WorkloadRequest
 from kernelloop.history import History
+from kernelloop.kernels.progress import prefixed
 from kernelloop.kernels.registry import Registry
 from kernelloop.sandbox import CheckOptions, Sandbox
 
@@ -20,67 +22,69 @@ from kernelloop.sandbox import CheckOptions, Sandbox
 class LoopContext:
     history: History
     registry: Registry
-    proposers: dict[str, Any]            # name -> object with propose(ctx, feedback, n)
+    proposers: dict[str, Proposer]       # name -> proposer (agent/proposers/base.py)
     device: str = "cpu"
     model: str | None = None             # model directory; None: the embedded model
-    remote: RemoteEngine | None = None   # tune a serving engine over HTTP instead of an in-process one
+    # The engine being tuned (agent/engine_handle.py): a RemoteEngine to tune a serving engine over HTTP;
+    # None: a LocalEngine on `model`, `device` and the registry, built on first use.
+    engine: EngineHandle = None  # type: ignore[assignment]  # set in __post_init__
     random_weights: bool = False         # a shapes-only model directory (no weights): seeded random weights
     gate: GateConfig = field(default_factory=GateConfig)
     progress: Callable[[str], None] = lambda message: None
-    _engine: Engine | None = None
-    _reference: Engine | None = None
+    _reference: LocalEngine | None = None
+    _prompt_ids: list[list[int]] | None = None
     _reference_measurement: Measurement | None = None
     _sandboxes: dict[tuple, Sandbox] = field(default_factory=dict)
 
-    @property
-    def engine(self) -> Engine:
-        """The engine being tuned: registry kernels, reloaded after every commit or rollback."""
-        if self._engine is None:
-            self.progress(f"starting the engine ({self.model or 'embedded model'}, {self.device}, registry kernels)")
-            self._engine = Engine(EngineConfig(model=self.model, device=self.device, kernels="registry",
-                                               registry=str(self.registry.path), random_weights=self.random_weights))
-        return self._engine
+    def __post_init__(self) -> None:
+        if self.engine is None:
+            registry = str(self.registry.path) if self.registry is not None else None  # None: a test's stub context
+            self.engine = LocalEngine(model=self.model, device=self.device, kernels="registry",
+                                      registry=registry, random_weights=self.random_weights,
+                                      progress=lambda message: self.progress(message))  # ctx.progress may be replaced
+        check_handle(self.engine)
 
     @property
-    def reference(self) -> Engine:
-        """The same model (same seeded weights) with float32 torch ops: the gate's ground truth. Never
-        captured into CUDA graphs: the reference ops sync with the host (decode attention reads lengths)."""
+    def reference(self) -> LocalEngine:
+        """The same model (same seeded weights) with float32 torch ops, always in this process: the gate's
+        ground truth, and the tokenizer of its prompts. Never captured into CUDA graphs: the reference ops
+        sync with the host (decode attention reads lengths)."""
         if self._reference is None:
-            self._reference = Engine(EngineConfig(model=self.model, device=self.device, kernels="reference",
-                                                  dtype="float32", cuda_graphs=False,
-                                                  random_weights=self.random_weights))
+            self._reference = LocalEngine(model=self.model, device=self.device, kernels="reference",
+                                          dtype="float32", cuda_graphs=False, random_weights=self.random_weights,
+                                          name="the reference engine", progress=lambda message: self.progress(message))
         return self._reference
 
-    # -- the engine being tuned: in-process, or remote -------------------------------------------
+    # -- the engine being tuned, through its handle --------------------------------------------
 
     def profile(self, workload: list[WorkloadRequest]) -> dict[str, Any]:
-        if self.remote is not None:
-            return self.remote.profile(workload, self._profile_progress)
-        return profile_engine(self.engine, workload, concurrency=4, progress=self._profile_progress)
+        return self.engine.profile(workload, self._profile_progress)
 
     def _profile_progress(self, message: str) -> None:
-        self.progress(f"  profile: {message}")
+        self.progress(prefixed("  profile: ", message))  # a Step stays one
 
     def reload(self, revision: str | None = None) -> dict[str, Any]:
         """Serve the registry's HEAD (or commit `revision`); returns the variants that changed."""
-        if self.remote is not None:
-            return self.remote.reload_kernels(revision)
-        return self.engine.reload_kernels(revision)
+        return self.engine.reload(revision)
 
     def tokens_per_second_at(self, revision: str, warmup: bool = True) -> float:
         """The engine's gate tokens/s with the registry as commit `revision` holds it."""
         self.reload(revision)
         return self.measure_engine(warmup).tokens_per_second
 
+    def prompt_ids(self) -> list[list[int]]:
+        """The gate's prompts as token ids (by the reference's tokenizer: the model's own)."""
+        if self._prompt_ids is None:
+            self._prompt_ids = prompt_ids(self.reference, self.gate.prompts)
+        return self._prompt_ids
+
     def measure_engine(self, warmup: bool = True) -> Measurement:
-        if self.remote is not None:
-            return self.remote.measure(prompt_ids(self.reference, self.gate.prompts), self.gate, warmup)
-        return measure(self.engine, self.gate, warmup)
+        return self.engine.measure(self.prompt_ids(), self.gate, warmup)
 
     def measure_reference(self) -> Measurement:
         """The reference engine's measurement (deterministic: taken once per context)."""
         if self._reference_measurement is None:
-            self._reference_measurement = measure(self.reference, self.gate)
+            self._reference_measurement = self.reference.measure(self.prompt_ids(), self.gate)
         return self._reference_measurement
 
     def sandbox(self, options: CheckOptions) -> Sandbox:
@@ -94,3 +98,6 @@ class LoopContext:
         for sandbox in self._sandboxes.values():
             sandbox.close()
         self._sandboxes.clear()
+        self.engine.close()
+        if self._reference is not None:
+            self._reference.close()

@@ -21,7 +21,7 @@ from kernelloop.agent.gate import GateResult, alternate_speed, judge, summary
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.state import TuneSettings, TuneState
 from kernelloop.agent.loop.target import choose_target, op_shapes
-from kernelloop.agent.proposers.base import Proposal, TuneContext
+from kernelloop.agent.proposers.base import Proposal, TuneContext, check_proposers
 from kernelloop.agent.proposers.feedback import PROPOSAL_FAILURES, PROPOSAL_STAGE, proposal_verdict
 from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.ops import get_op
@@ -111,7 +111,7 @@ class Nodes:
         answered: list[dict[str, Any]] = []   # this round's answers that got a proposal verdict
         errors: dict[str, str] = {}
         round_no = state["round"] + 1
-        for name, proposer in ctx.proposers.items():
+        for name, proposer in check_proposers(ctx.proposers).items():
             feedback = [(Proposal(j["source"], j["proposer"], j["label"]), j["verdict"])
                         for j in state["judged"] if j["proposer"] == name]
             for p in proposer.propose(tctx, feedback, self.settings.candidates):
@@ -125,9 +125,9 @@ class Nodes:
                 cid = cid or self._record_candidate(state, p)
                 pending.append({"candidate_id": cid, "sha256": sha, "source": p.source, "proposer": p.proposer,
                                 "label": p.label})
-            for p, verdict in getattr(proposer, "rejected", None) or []:
+            for p, verdict in proposer.rejected:
                 answered.append(self._record(state, p, verdict))
-            if getattr(proposer, "last_error", None):
+            if proposer.last_error:
                 errors[name] = proposer.last_error
                 ctx.progress(f"{_display(name)} proposer: {proposer.last_error}")
         for a in answered:

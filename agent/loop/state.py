@@ -1,4 +1,4 @@
-"""The tune loop's state (checkpointed after every node) and its settings.
+"""The tune loop's state (checkpointed after every node) and its settings (the loop's and the gate's).
 
 Everything in `TuneState` is plain JSON, so langgraph's SQLite checkpointer can store it; live
 objects (the engine, the sandbox, proposers) live in the LoopContext and are rebuilt on resume.
@@ -9,15 +9,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from kernelloop.sandbox.options import CheckOptions
+
+
+GATE_PROMPTS = (
+    "What is 3 plus 4?",
+    "Once upon a time, a small robot",
+    "List three colours.",
+    "What is 12 minus 5?",
+)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    prompts: tuple[str, ...] = GATE_PROMPTS
+    max_tokens: int = 6
+    kl_margin: float = 1e-4      # nats per position
+    tps_tolerance: float = 0.10  # a drop counts only when the whole after/before interval is below 1 - this
+    speed_rounds: int = 3        # alternated before/after tokens/s measurements (one ratio per round)
+
 
 @dataclass(frozen=True)
 class TuneSettings:
     op: str | None                 # None: pick the target from the profile
     device: str = "cpu"
-    proposers: tuple[str, ...] = ("search",)  # names, for the run's record (the objects live in the context)
     rounds: int = 3                # propose -> check rounds at most
     candidates: int = 4            # proposals per proposer per round
-    min_gain: float = 0.03
+    min_gain: float = CheckOptions.min_gain
     sandbox_timeout_s: float | None = None  # seconds per candidate; None: the sandbox's default for the device
     profile_requests: int = 4
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import openai
 
-from kernelloop.agent.proposers.base import Proposal, TuneContext
+from kernelloop.agent.proposers.base import Feedback, Proposal, TuneContext
 from kernelloop.agent.proposers.feedback import PROPOSAL_STAGE, feedback_text, next_round_text, proposal_verdict
 from kernelloop.agent.proposers.prompts import SYSTEM_PROMPT, compact_task_prompt, task_prompt
 from kernelloop.kernels.errors import KernelloopError
@@ -179,7 +179,7 @@ class LLMProposer:
         self.calls = 0                 # HTTP requests sent, retries included
         self.rounds = 0                # propose() calls that sent a conversation
         self.last_error: str | None = None
-        self.rejected: list[tuple[Proposal, dict]] = []  # the last propose()'s unusable answers and verdicts
+        self.rejected: Feedback = []   # the last propose()'s unusable answers and verdicts
         self.compact = False           # True once the endpoint refused the full task as too long
         self.context_tokens: int | None = None  # the model's context window, when /models says
         self._n_supported = True       # False once the server ignored or refused `n`
@@ -249,7 +249,7 @@ class LLMProposer:
             return False
         return True
 
-    def propose(self, ctx: TuneContext, feedback: list[tuple[Proposal, dict]], n: int) -> list[Proposal]:
+    def propose(self, ctx: TuneContext, feedback: Feedback, n: int) -> list[Proposal]:
         """Up to `n` proposals from one conversation; [] on endpoint trouble or an exhausted budget. The
         round's unusable answers (of the `n` asked for) are left in `rejected` with their verdicts."""
         self.last_error = None

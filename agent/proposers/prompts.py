@@ -9,10 +9,8 @@ Pure text functions, no I/O, so tests can check exactly what a model is told.
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 import json
-import re
 from typing import Any, Iterable
 
 from kernelloop.kernels.ops import get_op
@@ -86,98 +84,6 @@ def candidate_rules(op: str) -> str:
     ])
 
 
-SPEC_PLUMBING = frozenset({"reference", "make_inputs", "shape_of", "dispatch_key", "cost", "SPEC", "TOLERANCES"})
-
-
-def _defined_names(node: ast.stmt) -> set[str]:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {node.name}
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return set()
-
-
-def _segment(source: str, node: ast.stmt) -> str:
-    lines = source.splitlines()
-    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return "\n".join(lines[start - 1:node.end_lineno])
-
-
-def _inline_import(node: ast.ImportFrom) -> str:
-    """The definitions a `from kernelloop.kernels.ops.<mod> import a, b` brings in, as source; else a note."""
-    names = [a.name for a in node.names]
-    try:
-        module_source = inspect.getsource(importlib.import_module(node.module or ""))
-        tree = ast.parse(module_source)
-    except (ImportError, OSError, SyntaxError, TypeError):
-        return f"# (not available to candidates: from {node.module} import {', '.join(names)})"
-    found = []
-    for name in names:
-        defs = [n for n in tree.body if name in _defined_names(n)]
-        if not defs:
-            return f"# (not available to candidates: from {node.module} import {', '.join(names)})"
-        found.append(f"# {name}: from {node.module}, inlined\n" + _segment(module_source, defs[-1]))
-    return "\n\n".join(found)
-
-
-def _unused_helpers(tree: ast.Module, keep: set[str]) -> set[str]:
-    """Top-level plain functions nothing else refers to (make_inputs' helpers once it is gone)."""
-    removed: set[str] = set()
-    while True:
-        funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name not in keep | removed}
-        used: set[str] = set()
-        for node in tree.body:
-            if _defined_names(node) & removed:
-                continue
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Name) and not (isinstance(node, ast.FunctionDef) and sub.id == node.name):
-                    used.add(sub.id)
-        dead = {name for name, fn in funcs.items() if name not in used and not fn.decorator_list}
-        if not dead:
-            return removed
-        removed |= dead
-
-
-def kernel_text(source: str) -> str:
-    """A kernel module as a candidate would hold it: a baseline's spec plumbing (reference, make_inputs,
-    SPEC, ...), helpers only they use and `kernelloop.kernels.*` imports removed, helpers imported from other
-    op modules inlined. Registry entries (already candidates) come back unchanged; unparsable text too."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return source
-    plumbing = [n for n in tree.body if _defined_names(n) & SPEC_PLUMBING and isinstance(
-        n, (ast.FunctionDef, ast.Assign, ast.AnnAssign))]
-    imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("kernelloop.kernels")]
-    if not plumbing and not imports:
-        return source
-    pruned = ast.Module(body=[n for n in tree.body if n not in plumbing], type_ignores=[])
-    dead = _unused_helpers(pruned, keep={"forward"})
-    plumbing += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in dead]
-    lines = source.splitlines()
-    replace: dict[int, tuple[int, str]] = {}  # first line -> (last line, replacement text)
-    for node in plumbing:
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        replace[start] = (node.end_lineno or start, "")
-    for node in imports:
-        module = node.module or ""
-        text = _inline_import(node) if module.startswith("kernelloop.kernels.ops.") else ""
-        replace[node.lineno] = (node.end_lineno or node.lineno, text)
-    out: list[str] = []
-    i = 1
-    while i <= len(lines):
-        if i in replace:
-            end, text = replace[i]
-            if text:
-                out.append(text)
-            i = end + 1
-            continue
-        out.append(lines[i - 1])
-        i += 1
-    return re.sub(r"\n{3,}", "\n\n\n", "\n".join(out)).strip("\n") + "\n"
-
-
 def spec_text(op: str) -> str:
     """The op spec (OpSpec.describe() without the long engine shape list)."""
     d = get_op(op).describe()
@@ -242,7 +148,7 @@ def failures_text(failures: Iterable[dict]) -> str:
 
 def task_prompt(ctx: Any) -> str:
     """The first user message of a conversation: everything the model needs for round 1."""
-    current = kernel_text(ctx.best_source or ctx.baseline_source)
+    current = ctx.best_source or ctx.baseline_source  # candidate modules (the baseline: kernels/ops/<op>_kernel.py)
     which = "the registry's current kernel" if ctx.best_source else "the op's baseline kernel"
     sections = [
         f"Write a faster Triton implementation of the `{ctx.op}` op for {ctx.dtype} on {ctx.device}.",
@@ -280,7 +186,7 @@ def compact_task_prompt(ctx: Any) -> str:
     """The task for a model whose context window cannot hold `task_prompt`: the op, its signature, the
     current kernel and the rules in brief (no reference, profile, device facts or earlier failures)."""
     spec = get_op(ctx.op)
-    current = bare_code(kernel_text(ctx.best_source or ctx.baseline_source))
+    current = bare_code(ctx.best_source or ctx.baseline_source)
     return "\n\n".join([
         f"Write a faster Triton implementation of the `{ctx.op}` op for {ctx.dtype} on {ctx.device}.",
         f"Signature: {spec.signature}\n{spec.summary}",

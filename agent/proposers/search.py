@@ -36,7 +36,7 @@ import random
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
-from kernelloop.agent.proposers.base import Proposal, TuneContext
+from kernelloop.agent.proposers.base import Feedback, Proposal, TuneContext
 from kernelloop.agent.proposers.templates import config_of, module_for, parse_header
 from kernelloop.kernels.device import triton_interpreted
 from kernelloop.kernels.ops import get_op
@@ -85,6 +85,11 @@ class SearchProposer:
         self.seed = seed
         self._proposed: set[str] = set()
         self.skipped: list[tuple[str, str]] = []  # (config label, why): configs that do not fit this GPU
+        self.last_error: str | None = None  # the Proposer protocol's; a search has no endpoint to fail
+        self.rejected: Feedback = []        # likewise: every config it proposes is a candidate
+
+    def close(self) -> None:
+        """Nothing to release (the Proposer protocol's)."""
 
     # -- the space ---------------------------------------------------------------------------------
 
@@ -113,7 +118,7 @@ class SearchProposer:
 
     # -- proposing ---------------------------------------------------------------------------------
 
-    def propose(self, ctx: TuneContext, feedback: list[tuple[Proposal, dict]], n: int) -> list[Proposal]:
+    def propose(self, ctx: TuneContext, feedback: Feedback, n: int) -> list[Proposal]:
         if n <= 0:
             return []
         try:

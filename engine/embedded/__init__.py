@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 
 from kernelloop import IMPORT_ROOT
+from kernelloop.engine.errors import ModelLoadError
 from kernelloop.engine.gguf_fetch import sha256_file
 from kernelloop.engine.tokenizer import render_chat_template
-from kernelloop.kernels.device import cache_root
+from kernelloop.kernels.paths import cache_root
 
 from .bpe import BOS, CHAT_TEMPLATE, EOS, train_tokenizer
 from .corpus import Document, generate_corpus
@@ -91,7 +92,7 @@ def build_embedded_model(out_dir: Path, steps: int | None = None) -> dict:
     _say(f"training {tc.steps} steps of {tc.batch_size} x {tc.seq_len} tokens")
     params, final_loss = train_model(cfg, tc, data)
     if not math.isfinite(final_loss):
-        raise RuntimeError(f"embedded model training diverged (loss {final_loss})")
+        raise ModelLoadError(f"embedded model training diverged (loss {final_loss})")
     export(out_dir, cfg, params, tok)
     seconds = time.monotonic() - start
     _say(f"done in {seconds:.1f} s, final loss {final_loss:.3f}")
@@ -119,8 +120,8 @@ def build_in_subprocess(out_dir: Path) -> dict:
     proc = subprocess.run([sys.executable, "-m", "kernelloop.engine.embedded", "--build-into", str(out_dir)],
                           env=env, stdout=subprocess.PIPE, text=True)  # progress: stderr, as is
     if proc.returncode != 0:
-        raise RuntimeError(f"building the embedded model failed (exit status {proc.returncode}); "
-                           "its output is above")
+        raise ModelLoadError(f"building the embedded model failed (exit status {proc.returncode}); "
+                             "its output is above")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -5,6 +5,7 @@ Hq = G * Hk. Request b attends over slots kv_indices[kv_indptr[b]:kv_indptr[b+1]
 int32 as SGLang builds it, int64 also accepted; kv_indices int64), no causal mask:
 o[b, h] = softmax(sm_scale * q[b, h] . K_b[:, h // G]^T) @ V_b[:, h // G], float32 math.
 A request with zero tokens gets o = 0 (never reads the pool).
+The spec; the baseline kernel is kernels/ops/decode_attention_kernel.py.
 """
 
 from __future__ import annotations
@@ -13,16 +14,10 @@ import math
 
 import torch
 import triton
-import triton.language as tl
 
 from kernelloop.kernels.models import DECODE_CONTEXTS, DECODE_TOKENS, MODELS
+from kernelloop.kernels.ops.decode_attention_kernel import forward
 from kernelloop.kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class, some_rows, variant_of
-
-BLOCK_N = 32  # tokens per tile of the online softmax
-MAX_SPLITS = 16  # kv splits per request (flash-decoding)
-MIN_SPLIT_TOKENS = 128  # no split shorter than this, on average
-TARGET_PROGRAMS = 528  # stage-1 programs worth launching: ~4 waves of an H100/H200's 132 SMs
-
 
 def reference(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, kv_indptr: torch.Tensor,
               kv_indices: torch.Tensor, sm_scale: float) -> torch.Tensor:
@@ -47,123 +42,6 @@ def reference(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, k
     scores = torch.matmul(qg, k.transpose(-1, -2)) * sm_scale + bias[:, None, None, :]
     p = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # an empty request: all -inf -> 0
     return torch.matmul(p, v).reshape(B, Hq, D).to(q.dtype)
-
-
-@triton.jit
-def _stage1_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, mid_o_ptr, mid_lse_ptr, sm_scale,
-                   stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, Hq, G, D,
-                   NUM_SPLITS: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    # Program (b, kv_head * HEAD_BLOCKS + hb, split): up to BLOCK_H query heads sharing one kv head,
-    # over one contiguous chunk of request b's tokens. Writes normalised partial o and its lse.
-    b = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1) // HEAD_BLOCKS
-    split = tl.program_id(2)
-    offs_g = (tl.program_id(1) % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_g < G
-    heads = kv_head * G + offs_g
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-
-    start = tl.load(indptr_ptr + b).to(tl.int64)
-    length = tl.load(indptr_ptr + b + 1).to(tl.int64) - start
-    chunk = tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, length)
-
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        slots = tl.load(indices_ptr + start + offs_n, mask=mask_n, other=0).to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_ptr + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_D]
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale  # [BLOCK_H, BLOCK_N]
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))  # finite: every tile has a valid token
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
-        v = tl.load(v_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
-
-    # An empty split (short request) stores o = 0, lse = -inf, which the merge weighs as 0.
-    nonempty = l_i > 0
-    l_safe = tl.where(nonempty, l_i, 1.0)
-    lse = tl.where(nonempty, m_i + tl.log(l_safe), float("-inf"))
-    row = (b * Hq + heads) * NUM_SPLITS + split  # mid_o [B, Hq, NUM_SPLITS, D], mid_lse [B, Hq, NUM_SPLITS]
-    tl.store(mid_o_ptr + row[:, None] * D + offs_d[None, :], acc / l_safe[:, None],
-             mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(mid_lse_ptr + row, lse, mask=mask_h)
-
-
-@triton.jit
-def _stage2_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_ob, stride_oh, Hq, D,
-                   NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    # Program (b, h): log-sum-exp merge of the NUM_SPLITS partial results.
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < NUM_SPLITS
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    row = (b * Hq + h) * NUM_SPLITS + offs_s
-    lse = tl.load(mid_lse_ptr + row, mask=mask_s, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # empty request: every weight is 0
-    w = tl.exp(lse - m)
-    part = tl.load(mid_o_ptr + row[:, None] * D + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-    den = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * part, axis=0) / tl.where(den > 0, den, 1.0)
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=mask_d)
-
-
-def num_kv_splits(batch: int, programs_per_split: int, total_tokens: int) -> int:
-    """Host-side, no sync: from the average context (kv_indices.numel() / batch), not kv_indptr."""
-    avg = triton.cdiv(total_tokens, max(batch, 1))
-    fill = triton.cdiv(TARGET_PROGRAMS, max(programs_per_split, 1))
-    return max(1, min(MAX_SPLITS, triton.cdiv(avg, MIN_SPLIT_TOKENS), fill))
-
-
-def forward(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, kv_indptr: torch.Tensor,
-            kv_indices: torch.Tensor, sm_scale: float) -> torch.Tensor:
-    B, Hq, D = q.shape
-    Hk = k_buffer.shape[1]
-    if Hq % Hk != 0:
-        raise ValueError(f"decode_attention: q_heads {Hq} is not a multiple of kv_heads {Hk}")
-    o = torch.empty_like(q)
-    if B == 0:
-        return o
-    G = Hq // Hk
-    if q.stride(-1) != 1 or k_buffer.stride(-1) != 1 or v_buffer.stride(-1) != 1:
-        q, k_buffer, v_buffer = q.contiguous(), k_buffer.contiguous(), v_buffer.contiguous()
-    block_h = min(max(16, triton.next_power_of_2(G)), 64)  # tl.dot needs >= 16 rows
-    head_blocks = triton.cdiv(G, block_h)
-    block_d = max(16, triton.next_power_of_2(D))
-    splits = num_kv_splits(B, B * Hk * head_blocks, kv_indices.numel())
-    mid_o = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
-    # fp16/bf16 operands are exact in tf32; fp32 needs full-precision dots.
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    # fp32 (ieee) dots at head_dim 128 spill ~1 KB of registers with 4 warps on sm90 (bench.compile_targets).
-    _stage1_kernel[(B, Hk * head_blocks, splits)](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, mid_o, mid_lse, sm_scale,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        Hq, G, D, NUM_SPLITS=splits, HEAD_BLOCKS=head_blocks, BLOCK_H=block_h, BLOCK_N=BLOCK_N,
-        BLOCK_D=block_d, PRECISION=precision, num_warps=8 if precision == "ieee" else 4, num_stages=2,
-    )
-    _stage2_kernel[(B, Hq)](
-        mid_o, mid_lse, o, o.stride(0), o.stride(1), Hq, D,
-        NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
-    )
-    return o
 
 
 def request_lengths(batch: int, kv_len: int, g: torch.Generator) -> list[int]:

@@ -3,18 +3,17 @@
 residual_out = x + residual (fp32 add, rounded to the input dtype); y = rmsnorm(residual_out) * weight,
 computed from the rounded residual_out, so y is exactly the rmsnorm of the returned residual.
 Out-of-place: both outputs are new tensors and the inputs are left untouched.
+The spec; the baseline kernel is kernels/ops/fused_add_rmsnorm_kernel.py.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
-from kernelloop.kernels.ops.rmsnorm import MAX_FUSED_SIZE, num_warps_for, rows_view
+from kernelloop.kernels.ops.fused_add_rmsnorm_kernel import forward
 from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
-                          size_class, variant_of, vary_rows)
+                                     size_class, variant_of, vary_rows)
 
 
 def reference(
@@ -24,48 +23,6 @@ def reference(
     rf = r.float()
     y = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     return y.to(x.dtype), r
-
-
-@triton.jit
-def _fused_add_rmsnorm_kernel(
-    x_ptr, res_ptr, w_ptr, y_ptr, r_out_ptr,
-    x_row_stride, res_row_stride, y_row_stride, r_out_row_stride,
-    n_cols, eps, BLOCK_N: tl.constexpr,
-):
-    # One program per row; the whole row stays in registers (BLOCK_N >= n_cols).
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    res = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    r = (x + res).to(r_out_ptr.dtype.element_ty)
-    tl.store(r_out_ptr + row * r_out_row_stride + cols, r, mask=mask)
-    r = r.to(tl.float32)  # normalise the rounded sum, the value actually returned
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(r * r, axis=0) / n_cols + eps)
-    tl.store(y_ptr + row * y_row_stride + cols, (r * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def forward(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    n = x.shape[-1]
-    if n > MAX_FUSED_SIZE:
-        raise ValueError(f"fused_add_rmsnorm: hidden size {n} exceeds {MAX_FUSED_SIZE}")
-    if residual.shape != x.shape:
-        raise ValueError(f"fused_add_rmsnorm: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-    x2, res2 = rows_view(x), rows_view(residual)
-    rows = x2.shape[0]
-    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    r_out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    if rows > 0:
-        block = triton.next_power_of_2(n)
-        _fused_add_rmsnorm_kernel[(rows,)](
-            x2, res2, weight.contiguous(), y, r_out,
-            x2.stride(0), res2.stride(0), y.stride(0), r_out.stride(0),
-            n, eps, BLOCK_N=block, num_warps=num_warps_for(block),
-        )
-    return y.view(x.shape), r_out.view(x.shape)
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:

@@ -5,20 +5,19 @@ cos_sin_cache [max_pos, D] float32: row p = cat(cos(p * inv_freq), sin(p * inv_f
 With x1 = x[..., :D/2], x2 = x[..., D/2:]: out = cat(x1*cos - x2*sin, x2*cos + x1*sin), in x's dtype.
 The cache is float32 whatever the input dtype (the kernel also accepts a half cache, widened on load).
 Out-of-place: q_out and k_out are new contiguous tensors.
+The spec; the baseline kernel is kernels/ops/rope_kernel.py.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
+from kernelloop.kernels.ops.rope_kernel import forward
 from kernelloop.kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, Variant, size_class, some_rows, variant_of
 
 ROPE_THETA = 500000.0  # Llama-3
 DEFAULT_MAX_POS = 8192 + 256  # make_inputs' cache length unless the shape gives `max_pos`
-MAX_TILE = 2048  # heads x D/2 elements handled per loop iteration
 
 
 def reference(
@@ -31,69 +30,6 @@ def reference(
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
     return rotate(q), rotate(k)
-
-
-@triton.jit
-def _rotate_heads(x_ptr, o_ptr, s_xt, s_xh, s_ot, s_oh, token, n_heads, cos, sin, half,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    # Rotate all n_heads heads of one token, BLOCK_H heads at a time; cos/sin: [1, BLOCK_HALF].
-    dims = tl.arange(0, BLOCK_HALF)[None, :]
-    dmask = dims < half
-    for h0 in range(0, n_heads, BLOCK_H):
-        heads = (h0 + tl.arange(0, BLOCK_H))[:, None]
-        mask = (heads < n_heads) & dmask
-        x_off = token * s_xt + heads * s_xh + dims
-        x1 = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_ptr + x_off + half, mask=mask, other=0.0).to(tl.float32)
-        o_off = token * s_ot + heads * s_oh + dims
-        ty = o_ptr.dtype.element_ty
-        tl.store(o_ptr + o_off, (x1 * cos - x2 * sin).to(ty), mask=mask)
-        tl.store(o_ptr + o_off + half, (x2 * cos + x1 * sin).to(ty), mask=mask)
-
-
-@triton.jit
-def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cache_ptr,
-                 s_qt, s_qh, s_kt, s_kh, s_qot, s_qoh, s_kot, s_koh, s_cache,
-                 n_q_heads, n_k_heads, half,
-                 BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    # One program per token: load its cos/sin row once, then rotate every q and k head.
-    token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + token).to(tl.int64)
-    dims = tl.arange(0, BLOCK_HALF)[None, :]
-    dmask = dims < half
-    cos = tl.load(cache_ptr + pos * s_cache + dims, mask=dmask, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * s_cache + half + dims, mask=dmask, other=0.0).to(tl.float32)
-    _rotate_heads(q_ptr, qo_ptr, s_qt, s_qh, s_qot, s_qoh, token, n_q_heads, cos, sin, half, BLOCK_H, BLOCK_HALF)
-    _rotate_heads(k_ptr, ko_ptr, s_kt, s_kh, s_kot, s_koh, token, n_k_heads, cos, sin, half, BLOCK_H, BLOCK_HALF)
-
-
-def forward(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"rope: expected q [T, Hq, D], k [T, Hk, D]; got {tuple(q.shape)}, {tuple(k.shape)}")
-    t, hq, d = q.shape
-    hk = k.shape[1]
-    if d % 2 or cos_sin_cache.shape[-1] != d:
-        raise ValueError(f"rope: head_dim {d} must be even and match the cache width {cos_sin_cache.shape[-1]}")
-    # Token and head strides are passed through (views into a fused qkv are fine); D must be unit-stride.
-    q_in = q if q.stride(-1) == 1 else q.contiguous()
-    k_in = k if k.stride(-1) == 1 else k.contiguous()
-    cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
-    q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
-    k_out = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
-    if t == 0:
-        return q_out, k_out
-    half = d // 2
-    block_half = triton.next_power_of_2(half)
-    block_h = min(triton.next_power_of_2(max(hq, hk, 1)), max(1, MAX_TILE // block_half))
-    _rope_kernel[(t,)](
-        q_in, k_in, q_out, k_out, positions, cache,
-        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1),
-        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cache.stride(0),
-        hq, hk, half, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=4,
-    )
-    return q_out, k_out
 
 
 def cos_sin_cache_for(max_pos: int, head_dim: int, theta: float = ROPE_THETA) -> torch.Tensor:

@@ -1,52 +1,23 @@
-"""silu_mul(x) -> y, x: [..., 2d] (gate then up), y: [..., d]; y = silu(x[..., :d]) * x[..., d:]."""
+"""silu_mul(x) -> y, x: [..., 2d] (gate then up), y: [..., d]; y = silu(x[..., :d]) * x[..., d:].
+
+The spec; the baseline kernel is kernels/ops/silu_mul_kernel.py.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
-from kernelloop.kernels.ops.rmsnorm import rows_view
+from kernelloop.kernels.ops.silu_mul_kernel import forward
 from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
-                          size_class, variant_of, vary_rows)
-
-MAX_BLOCK = 1024  # columns per program; wide rows are split over grid axis 1
+                                     size_class, variant_of, vary_rows)
 
 
 def reference(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1] // 2
     xf = x.float()
     return (F.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
-
-
-@triton.jit
-def _silu_mul_kernel(x_ptr, y_ptr, x_row_stride, y_row_stride, d, BLOCK: tl.constexpr):
-    # Grid (rows, cdiv(d, BLOCK)): program (r, b) writes y[r, b*BLOCK : (b+1)*BLOCK].
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < d
-    x_row = x_ptr + row * x_row_stride
-    gate = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_row + d + cols, mask=mask, other=0.0).to(tl.float32)
-    y = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def forward(x: torch.Tensor) -> torch.Tensor:
-    if x.shape[-1] % 2:
-        raise ValueError(f"silu_mul: last dim {x.shape[-1]} is not even")
-    d = x.shape[-1] // 2
-    x2 = rows_view(x)
-    rows = x2.shape[0]
-    y = torch.empty((rows, d), dtype=x.dtype, device=x.device)
-    if rows > 0 and d > 0:
-        block = min(MAX_BLOCK, triton.next_power_of_2(d))
-        _silu_mul_kernel[(rows, triton.cdiv(d, block))](
-            x2, y, x2.stride(0), y.stride(0), d, BLOCK=block, num_warps=4
-        )
-    return y.view(*x.shape[:-1], d)
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:

@@ -10,6 +10,7 @@ import linecache
 import types
 from typing import Callable
 
+from kernelloop.kernels.device import configure_triton
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.registry.entry import sha256_text
 
@@ -23,6 +24,7 @@ def load_forward(source: str, expected_sha256: str, label: str) -> Callable:
         raise RegistryError(f"{label}: source hash {actual[:12]} does not match the manifest's {expected_sha256[:12]}")
     if actual in _loaded:
         return _loaded[actual]
+    configure_triton()  # the source decorates kernels: interpreted or compiled is decided now
     filename = f"<kernelloop-registry {label} {actual[:12]}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     module = types.ModuleType(f"kernelloop_registry_{actual[:16]}")

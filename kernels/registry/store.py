@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import git
 
 from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.paths import data_path
 from kernelloop.kernels.registry.entry import Entry, Provenance, select_entry, sha256_text, utc_now
 from kernelloop.kernels.registry.loader import load_forward
 from kernelloop.kernels.registry.manifest import MANIFEST_NAME, atomic_write, parse_manifest, render_manifest
@@ -31,10 +32,7 @@ ACTOR = git.Actor("kernelloop", "kernelloop@localhost")
 
 def default_registry_path() -> Path:
     """$KERNELLOOP_REGISTRY, else $XDG_DATA_HOME/kernelloop/registry (~/.local/share/...)."""
-    if env := os.environ.get("KERNELLOOP_REGISTRY"):
-        return Path(env).expanduser()
-    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(data_home) / "kernelloop" / "registry"
+    return data_path("KERNELLOOP_REGISTRY", "registry")
 
 
 @dataclass(frozen=True)
@@ -106,6 +104,13 @@ class Registry:
         if text is None:
             raise RegistryError(f"{entry.id}: source {entry.source_path} is not in the registry's commit "
                                 f"{(rev or 'HEAD')[:10]}")
+        return text
+
+    def checked_source(self, entry: Entry, revision: str | None = None) -> str:
+        """`source()`, refused (RegistryError) when it does not hash to the manifest's sha256."""
+        text = self.source(entry, revision)
+        if sha256_text(text) != entry.sha256:
+            raise RegistryError(f"{entry.id}: source {entry.source_path} does not match its sha256")
         return text
 
     def load(self, entry: Entry, revision: str | None = None) -> Callable | None:

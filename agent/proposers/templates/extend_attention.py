@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import gpu_choices, header_line, next_pow2, pick
-from .rmsnorm import check_params
+from . import check_params, gpu_choices, header_line, next_pow2, pick
 
 OP = "extend_attention"
 TARGET_PROGRAMS = 528  # programs worth launching: ~4 waves of an H100/H200's 132 SMs

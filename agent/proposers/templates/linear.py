@@ -14,11 +14,11 @@ from __future__ import annotations
 import itertools
 from typing import Any, Mapping
 
-from . import gpu_choices, header_line, next_pow2, pick
-from .rmsnorm import check_params
+from kernelloop.kernels.ops.linear_kernel import TARGET_PROGRAMS
+
+from . import check_params, gpu_choices, header_line, next_pow2, pick
 
 OP = "linear"
-TARGET_PROGRAMS = 528  # programs worth launching: ~4 waves of an H100/H200's 132 SMs
 MIN_SPLIT_K = 256  # K per split, about: no split shorter than this
 SHARED_BYTES = 232448  # sm90's shared memory per block
 

@@ -1,13 +1,16 @@
-"""rmsnorm(x, weight, eps) -> y: whole row per program, several rows per 2-D tile, two-pass chunked."""
+"""rmsnorm(x, weight, eps) -> y: whole row per program (the baseline kernel, kernels/ops/rmsnorm_kernel.py,
+with its warps as the parameter), several rows per 2-D tile, two-pass chunked."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import gpu_choices, header_line, next_pow2, pick, shape_max
+from kernelloop.kernels.ops.rmsnorm_kernel import MAX_FUSED_SIZE, num_warps_for
+
+from . import check_params, from_baseline, gpu_choices, header_line, next_pow2, pick, shape_max
 
 OP = "rmsnorm"
-MAX_ROW = 65536  # a whole row in one program's registers
+MAX_ROW = MAX_FUSED_SIZE  # a whole row in one program's registers
 MAX_TILE = 16384  # elements of one [ROWS, BLOCK] tile; wider rows get fewer rows per program
 
 DOMAINS: dict[str, dict[str, list[Any]]] = {
@@ -15,11 +18,6 @@ DOMAINS: dict[str, dict[str, list[Any]]] = {
     "multirow": {"rows": [2, 4, 8, 16], "num_warps": [2, 4, 8]},
     "chunked": {"block": [256, 512, 1024, 2048], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3]},
 }
-
-
-def default_warps(block: int) -> int:
-    """The baseline's choice: a few dozen elements per thread at most."""
-    return 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
 
 
 def _near_first(values: list[Any], target: Any) -> list[Any]:
@@ -37,7 +35,7 @@ def space(ctx: Any, key: str = "hidden") -> list[dict[str, Any]]:
     block = next_pow2(hidden) if hidden else None
     if whole_ok:
         warps = DOMAINS["row"]["num_warps"]
-        target = min(default_warps(block), 16) if block else 4
+        target = min(num_warps_for(block), 16) if block else 4
         for w in _near_first(warps, target) if full else [target]:
             out.append({"template": "row", "num_warps": w})
         for r in (4, 2, 8, 16):
@@ -70,34 +68,6 @@ def _rows(t):
     # [..., N] -> [rows, N] with unit stride along N (a view when possible, else a copy)
     t2 = t.reshape(-1, t.shape[-1])
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
-'''
-
-_ROW = '''
-
-@triton.jit
-def _row_kernel(x_ptr, w_ptr, y_ptr, n_rows, stride_x, stride_y, n_cols, eps, BLOCK: tl.constexpr):
-    # One program per row; the whole row stays in registers (BLOCK >= n_cols).
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n_cols  # the grid has exactly n_rows programs
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    tl.store(y_ptr + row * stride_y + offs, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def forward(x, weight, eps):
-    n = x.shape[-1]
-    if n > MAX_ROW:
-        raise ValueError(f"rmsnorm: hidden size {n} exceeds {MAX_ROW}")
-    x2 = _rows(x)
-    rows = x2.shape[0]
-    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    if rows > 0 and n > 0:
-        w = weight.contiguous()
-        _row_kernel[(rows,)](x2, w, y, rows, x2.stride(0), y.stride(0), n, eps,
-                             BLOCK=triton.next_power_of_2(n), num_warps=NUM_WARPS)
-    return y.view(x.shape)
 '''
 
 _MULTIROW = '''
@@ -178,9 +148,8 @@ DESCRIPTIONS = {
 
 
 def constants(params: dict[str, Any]) -> str:
+    """The module constants of a multirow or chunked config."""
     t = params["template"]
-    if t == "row":
-        return f"MAX_ROW = {MAX_ROW}\nNUM_WARPS = {int(params['num_warps'])}"
     if t == "multirow":
         return (f"MAX_ROW = {MAX_ROW}\nMAX_TILE = {MAX_TILE}\nROWS_PER_PROGRAM = {int(params['rows'])}\n"
                 f"NUM_WARPS = {int(params['num_warps'])}")
@@ -190,21 +159,11 @@ def constants(params: dict[str, Any]) -> str:
     raise ValueError(f"{OP}: unknown template {t!r}")
 
 
-def check_params(op: str, params: dict[str, Any], domains: dict[str, dict[str, list[Any]]] | None = None) -> None:
-    """ValueError unless `params` names a template of `domains` and gives each of its params a listed value."""
-    domain = (DOMAINS if domains is None else domains).get(params.get("template"))
-    if domain is None:
-        raise ValueError(f"{op}: unknown template {params.get('template')!r}")
-    if set(params) - {"template"} != set(domain):
-        raise ValueError(f"{op}: template {params['template']} takes {sorted(domain)}, got {sorted(params)}")
-    for k, v in params.items():
-        if k != "template" and v not in domain[k]:
-            raise ValueError(f"{op}: {k}={v!r} is outside {domain[k]}")
-
-
 def render(params: dict[str, Any]) -> str:
-    check_params(OP, params)
+    check_params(OP, params, DOMAINS)
     t = params["template"]
-    body = {"row": _ROW, "multirow": _MULTIROW, "chunked": _CHUNKED}[t]
+    if t == "row":
+        return from_baseline(OP, params, {"NUM_WARPS": int(params["num_warps"])})
+    body = {"multirow": _MULTIROW, "chunked": _CHUNKED}[t]
     doc = f'"""rmsnorm(x, weight, eps) -> y: {DESCRIPTIONS[t]} (generated by the search proposer)."""\n'
     return header_line(OP, params) + "\n" + doc + _COMMON.format(constants=constants(params)) + body

@@ -1,0 +1,60 @@
+"""`LocalEngine`: an engine handle (agent/engine_handle.py) on an Engine in this process.
+
+The Engine is built on first use (a tune run that resumes past its profile and gate never builds
+it). This is the one agent module that imports the engine: the tune loop's engine and its float32
+reference, and `agent profile` without `--engine`, are LocalEngines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernelloop.agent.gate import Measurement
+from kernelloop.agent.loop.state import GateConfig
+from kernelloop.engine import gate_measure
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.tokenizer import Tokenizer
+from kernelloop.kernels.progress import Progress
+from kernelloop.profiler.inprocess import profile_engine
+from kernelloop.profiler.workload import WorkloadRequest
+
+
+class LocalEngine:
+    """An in-process engine. `fields` are EngineConfig's (model, device, kernels, registry, dtype,
+    cuda_graphs, random_weights, ...); `progress` hears "starting <name> (...)" when the engine is built."""
+
+    def __init__(self, *, name: str = "the engine", progress: Progress = lambda message: None, **fields: Any) -> None:
+        self.config = EngineConfig(**fields)
+        self.name, self.progress = name, progress
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            c = self.config
+            kind = f"{c.kernels} kernels" + (f", {c.dtype}" if c.dtype != "auto" else "")
+            self.progress(f"starting {self.name} ({c.model or 'embedded model'}, {c.device}, {kind})")
+            self._engine = Engine(self.config)
+        return self._engine
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def profile(self, workload: list[WorkloadRequest], progress: Progress = lambda message: None, *,
+                concurrency: int = 4, seconds: float | None = None, trace_path: Path | None = None) -> dict[str, Any]:
+        """Profile the engine on `workload` (at most `concurrency` requests at once, at most `seconds`;
+        a Chrome trace at `trace_path` if given)."""
+        return profile_engine(self.engine, workload, concurrency=concurrency, seconds=seconds,
+                              trace_path=trace_path, progress=progress)
+
+    def reload(self, revision: str | None = None) -> dict[str, Any]:
+        return self.engine.reload_kernels(revision)
+
+    def measure(self, prompt_ids: list[list[int]], config: GateConfig, warmup: bool = True) -> Measurement:
+        m = gate_measure.measure(self.engine, prompt_ids, config.max_tokens, warmup)
+        return Measurement(m.greedy, m.logprobs, m.tokens_per_second)
+
+    def close(self) -> None:
+        self._engine = None

@@ -22,6 +22,7 @@ from kernelloop.kernels.spec import OpSpec, parse_dtype
 from kernelloop.sandbox import judge as judging
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.children import Child, Refused
+from kernelloop.sandbox.messages import Timing
 from kernelloop.sandbox.plan import trial_inputs
 from kernelloop.sandbox.verdict import Verdict
 
@@ -37,7 +38,7 @@ class ABTiming:
     _deadline: float
     _phase: str
 
-    def _baseline(self, spec: OpSpec, timing: dict, v: Verdict) -> tuple[str | None, str]:
+    def _baseline(self, spec: OpSpec, timing: Timing, v: Verdict) -> tuple[str | None, str]:
         """(source or None for the op's own kernel, label): the registry's current choice for the bucket
         asked for (the CPU may time a smaller shape, sandbox.plan), else the op's own kernel."""
         registry = Registry(self.options.registry)
@@ -52,7 +53,7 @@ class ABTiming:
         v.baseline = "the op's baseline kernel"
         return None, "baseline"
 
-    def _time(self, spec: OpSpec, timing: dict, v: Verdict, work: Path, runner: Child, replayer: Child) -> None:
+    def _time(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child) -> None:
         self._deadline = self._budget.deadline  # what correctness left, at least timing's own share
         for child in self._children:
             child.deadline = self._deadline
@@ -77,24 +78,24 @@ class ABTiming:
         if "asked_shape" in timing:
             v.timing["asked_shape"] = timing["asked_shape"]
 
-    def _baseline_children(self, spec: OpSpec, timing: dict, v: Verdict, work: Path) -> tuple[Child, Child, str]:
+    def _baseline_children(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path) -> tuple[Child, Child, str]:
         base_source, base_label = self._baseline(spec, timing, v)
         self._phase = "starting the baseline"
         base_runner, load = self._spawn("run", spec, base_source, f"{base_label}.py", work / "base-runner")
         base_replayer, rload = self._spawn("replay", spec, base_source, base_label, work / "base-replayer",
-                                           load.get("constants"))
-        if base_source is not None and not (load.get("ok") and rload.get("ok") and not load.get("violations")):
+                                           load["constants"])
+        if base_source is not None and not (load["ok"] and rload["ok"] and not load["violations"]):
             # A registry entry that no longer loads cannot be the baseline: time against the op's own kernel.
-            problem = str(load.get("violations") or load.get("error") or rload.get("error"))[:200]
+            problem = str(load["violations"] or load["error"] or rload["error"])[:200]
             v.baseline = f"the op's baseline kernel (registry {base_label} did not load: {problem})"
             base_runner, load = self._spawn("run", spec, None, "baseline.py", work / "base-runner-2")
             base_replayer, rload = self._spawn("replay", spec, None, "baseline", work / "base-replayer-2")
-        if not (load.get("ok") and rload.get("ok")):
+        if not (load["ok"] and rload["ok"]):
             raise Refused("crash", f"the timing baseline ({base_label}) did not load: "
-                           f"{str(load.get('error') or rload.get('error'))[:200]}")
+                           f"{str(load['error'] or rload['error'])[:200]}")
         return base_runner, base_replayer, base_label
 
-    def _time_rounds(self, spec: OpSpec, timing: dict, v: Verdict, work: Path, runner: Child, replayer: Child,
+    def _time_rounds(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child,
                      rounds: list[dict[str, list[float]]]) -> bool:
         """Round 0 warms both replayers (untimed), then the planned rounds, appended to `rounds` as they
         finish. False when the candidate failed a timed call (the verdict says how)."""

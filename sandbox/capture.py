@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 from kernelloop.kernels.spec import OpSpec, dtype_name, parse_dtype
 from kernelloop.kernels.target_compile import meta_inputs
 from kernelloop.sandbox import guards, trace
+from kernelloop.sandbox.messages import Capture, Captured, CapturedShape, Error
 
 MAX_REQUESTS = 16
 MAX_LAUNCHES = 16  # per shape: more is refused by the judge anyway
@@ -70,16 +71,16 @@ def _request(spec: OpSpec, request: Any) -> tuple[dict[str, int], str]:
     return shape, dtype
 
 
-def answer(forward: Callable[..., Any], spec: OpSpec, header: dict[str, Any]) -> dict[str, Any]:
+def answer(forward: Callable[..., Any], spec: OpSpec, header: Capture) -> Captured | Error:
     """The "captured" message for a "capture" message {"requests": [{"shape", "dtype"}, ...]}."""
-    requests = header.get("requests")
-    if not isinstance(requests, list) or len(requests) > MAX_REQUESTS:
-        return {"type": "error", "error": "malformed capture message"}
+    requests = header["requests"]
+    if len(requests) > MAX_REQUESTS:
+        return Error(type="error", error="malformed capture message", violations=[])
     violations = len(guards.VIOLATIONS)
     shapes = []
     for request in requests:
         shape, dtype = _request(spec, request)
-        entry: dict[str, Any] = {"launches": [], "error": None}
+        entry = CapturedShape(launches=[], error=None)
         try:
             inputs = meta_inputs(spec, shape, parse_dtype(dtype))
             with described_launches() as found:
@@ -88,4 +89,4 @@ def answer(forward: Callable[..., Any], spec: OpSpec, header: dict[str, Any]) ->
         except BaseException as exc:  # noqa: BLE001  (the candidate's failure, reported as data)
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         shapes.append(entry)
-    return {"type": "captured", "shapes": shapes, "violations": guards.VIOLATIONS[violations:][:5]}
+    return Captured(type="captured", shapes=shapes, violations=guards.VIOLATIONS[violations:][:5])

@@ -1,9 +1,10 @@
 """The judge's handles on sandboxed processes: start one, talk to it under a deadline, kill it.
 
-The conversation (sandbox/worker.py has the other side): a runner answers "call" with "result"; a
-replayer answers "stage" with "staged", then "go" with "done". Every send and every read is bounded
-by the candidate's deadline; any message of the wrong kind or shape is a wire.ProtocolError, and an
-"error" message from the child is `Refused`.
+The conversation (sandbox/worker.py has the other side; sandbox/messages.py declares every message): a
+runner answers "call" with "result"; a replayer answers "stage" with "staged", then "go" with "done".
+Every send and every read is bounded by the candidate's deadline; any message of the wrong kind, or
+whose keys or value types are not exactly the declared ones (`messages.parse`), is a
+wire.ProtocolError, and an "error" message from the child is `Refused`.
 
 Each child gets a socketpair end as its channel and a log file the judge created and keeps open (so
 the judge reads the candidate's stdout/stderr through its own descriptor: a child that replaces the
@@ -24,6 +25,7 @@ import torch
 
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.forkserver import ForkServer, start_fresh
+from kernelloop.sandbox.messages import Call, Done, Error, Facts, Go, Job, Record, Result, Stage, ToChild, parse
 
 LOG_TAIL_BYTES = 2000
 _BASE_RSS = 1 << 30  # the pre-warmed process's own footprint (torch + triton), not charged to the candidate
@@ -41,12 +43,11 @@ class Refused(Exception):
         self.failure = failure
 
 
-def refusal(header: dict[str, Any]) -> Refused:
-    """The verdict an "error" message (or a replay's "done" with violations) stands for."""
-    violations = header.get("violations") if isinstance(header.get("violations"), list) else []
-    if violations:
-        return Refused("sandbox-violation", str(violations[0])[:300])
-    return Refused("crash", f"the sandboxed process failed: {str(header.get('error'))[:300]}")
+def refusal(header: Error) -> Refused:
+    """The verdict an "error" message stands for."""
+    if header["violations"]:
+        return Refused("sandbox-violation", str(header["violations"][0])[:300])
+    return Refused("crash", f"the sandboxed process failed: {str(header['error'])[:300]}")
 
 
 def _encode_args(args: tuple) -> tuple[list, list]:
@@ -108,7 +109,7 @@ class Child:
     """One sandboxed process. Every send and receive is bounded by `deadline` (time.monotonic());
     receiving also enforces the memory limit. `busy_s` sums the seconds spent waiting on its answers."""
 
-    def __init__(self, server: ForkServer | None, job: dict[str, Any], scratch: Path, memory_mb: int,
+    def __init__(self, server: ForkServer | None, job: Job, scratch: Path, memory_mb: int,
                  deadline: float) -> None:
         scratch.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair()
@@ -117,7 +118,7 @@ class Child:
         self.deadline, self.busy_s = deadline, 0.0
         self.role: str = job.get("role", "")
         self.device: str = job.get("device", "cpu")
-        job = {**job, "scratch": str(scratch)}
+        job = Job(**{**job, "scratch": str(scratch)})
         try:
             if server is not None:
                 self.pid, self._wait = server.start(job, theirs.fileno(), self.log_fd), server.wait
@@ -130,6 +131,7 @@ class Child:
         os.set_blocking(ours.fileno(), False)  # so a child that stops reading cannot block a send
         self.chan = wire.Channel(ours.fileno())
         self.status: int | None = None
+        self.isolation: dict[str, str] = {}  # its "ready" message's, once received
         self.closed = False
         self._go_at = 0.0
 
@@ -144,7 +146,7 @@ class Child:
             exc.child = self  # which process died, for the verdict
             raise
 
-    def send(self, header: dict[str, Any], tensors: list = ()) -> None:
+    def send(self, header: ToChild, tensors: list = ()) -> None:
         try:
             self.chan.send(header, tensors, self.deadline)
         except wire.ChannelClosed as exc:
@@ -152,11 +154,10 @@ class Child:
             raise
 
     def expect(self, kind: str, max_bytes: int = 1 << 20) -> dict[str, Any]:
-        header, _ = self.receive(max_bytes)
+        """The next message, which must be a `kind` exactly as declared (an "error" is `Refused`)."""
+        header = parse(self.receive(max_bytes)[0], kind, "error")
         if header["type"] == "error":
             raise refusal(header)
-        if header["type"] != kind:
-            raise wire.ProtocolError(f"expected a {kind!r} message, got {header['type'][:40]!r}")
         return header
 
     # -- a runner -------------------------------------------------------------------------------
@@ -165,53 +166,50 @@ class Child:
         """Start one `forward` call; `receive_result` collects it (the judge can work meanwhile)."""
         encoded, tensors = _encode_args(args)
         self._sent_at, self._n_inputs = time.monotonic(), len(tensors)
-        self.send({"type": "call", "args": encoded}, tensors)
+        self.send(Call(type="call", args=encoded), tensors)
 
-    def receive_result(self, limit: int) -> tuple[list, dict, dict, list]:
+    def receive_result(self, limit: int) -> tuple[list, Facts, Record, list]:
         """(outputs, facts, record, inputs afterwards). `limit`: bytes of tensors the answer may carry."""
-        header, got = self.receive(limit)
+        received, got = self.receive(limit)
+        header: Result | Error = parse(received, "result", "error")
         if header["type"] == "error":
             raise refusal(header)
-        if header["type"] != "result" or not isinstance(header.get("facts"), dict) \
-                or not isinstance(header.get("record"), dict) or type(header.get("outputs")) is not int:
-            raise wire.ProtocolError("malformed result")
         n = header["outputs"]
         if not 0 <= n <= len(got) or len(got) - n != self._n_inputs:
             raise wire.ProtocolError("a result with the wrong number of tensors")
         self.busy_s += time.monotonic() - self._sent_at
         return got[:n], header["facts"], header["record"], got[n:]
 
-    def call(self, args: tuple, limit: int) -> tuple[list, dict, dict, list]:
+    def call(self, args: tuple, limit: int) -> tuple[list, Facts, Record, list]:
         self.send_call(args)
         return self.receive_result(limit)
 
     # -- a replayer -----------------------------------------------------------------------------
 
-    def start_replay(self, record: dict, inputs: list[torch.Tensor]) -> None:
+    def start_replay(self, record: Record, inputs: list[torch.Tensor]) -> None:
         """Stage a record and its inputs, then say "go"; `finish_replay` collects the outputs."""
         self._sent_at, self._n_inputs = time.monotonic(), len(inputs)
-        self.send({"type": "stage", "record": record}, inputs)
+        self.send(Stage(type="stage", record=record), inputs)
         self.expect("staged")
         self._go_at = time.perf_counter()
-        self.send({"type": "go"})
+        self.send(Go(type="go"))
 
-    def finish_replay(self, limit: int) -> tuple[list, list, float, dict]:
+    def finish_replay(self, limit: int) -> tuple[list, list, float, Done]:
         """(outputs, inputs afterwards, seconds, "done"). The seconds: on CUDA the replayer's event time
         (no candidate Python runs in a CUDA replayer); on CPU the judge's own clock, from "go" until
         every output byte arrived (a CPU replayer interprets the candidate's kernels: its word counts
         for nothing)."""
-        done, got = self.receive(limit)
+        received, got = self.receive(limit)
         wall = time.perf_counter() - self._go_at
+        done: Done | Error = parse(received, "done", "error")
         if done["type"] == "error":
             raise refusal(done)
-        if done["type"] != "done" or type(done.get("outputs")) is not int:
-            raise wire.ProtocolError("malformed replay result")
         n = done["outputs"]
         if not 0 <= n <= len(got) or len(got) - n != self._n_inputs:
             raise wire.ProtocolError("replay outputs with the wrong number of tensors")
         self.busy_s += time.monotonic() - self._sent_at
-        elapsed = done.get("elapsed_s")
-        seconds = float(elapsed) if self.device == "cuda" and type(elapsed) in (int, float) else wall
+        elapsed = done["elapsed_s"]
+        seconds = float(elapsed) if self.device == "cuda" and elapsed is not None else wall
         return got[:n], got[n:], seconds, done
 
     def death(self) -> str:

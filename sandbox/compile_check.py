@@ -27,6 +27,7 @@ from kernelloop.sandbox.children import Child
 from kernelloop.sandbox.executables import ptxas
 from kernelloop.sandbox.forkserver import ForkServer
 from kernelloop.sandbox.judge import label
+from kernelloop.sandbox.messages import Capture, CaptureRequest, Compile, Load, Plan, Record, Trial
 from kernelloop.sandbox.verdict import Verdict
 
 MAX_LAUNCHES_PER_SHAPE = 16
@@ -85,16 +86,16 @@ def _shown(ident: str) -> str:
 class CompileCheck:
     """One candidate's compile check. `note` each accepted trial's record, then `run` once."""
 
-    def __init__(self, spec: OpSpec, targets: tuple[str, ...], plan: dict[str, Any]) -> None:
+    def __init__(self, spec: OpSpec, targets: tuple[str, ...], plan: Plan) -> None:
         self.targets = targets
         cost = lambda s: spec.cost(s, parse_dtype("float32")).bytes  # noqa: E731
         self.test_shape = dict(max(spec.test_shapes, key=cost))
         engine = dict(max(spec.engine_shapes, key=cost))
         dtypes = list(dict.fromkeys(t["dtype"] for t in plan["trials"]))
-        self.requests = [{"shape": s, "dtype": d} for d in dtypes for s in (self.test_shape, engine)]
+        self.requests = [CaptureRequest(shape=s, dtype=d) for d in dtypes for s in (self.test_shape, engine)]
         self.recorded: dict[str, list[dict[str, Any]]] = {}  # dtype -> launches made at the test shape
 
-    def note(self, trial: dict[str, Any], record: dict[str, Any]) -> None:
+    def note(self, trial: Trial, record: Record) -> None:
         if self.targets and trial["shape"] == self.test_shape and not trial["variant"] and trial["dtype"] not in self.recorded:
             entries = record.get("entries") if isinstance(record.get("entries"), list) else []
             self.recorded[trial["dtype"]] = [{k: e.get(k) for k in ("kernel", "args", "kwargs")} for e in entries
@@ -102,7 +103,7 @@ class CompileCheck:
 
     def _groups(self, v: Verdict, runner: Child) -> list[tuple[str, list]] | None:
         """(label, launch descriptions) to compile: described and, at the test shape, really made."""
-        runner.send({"type": "capture", "requests": self.requests})
+        runner.send(Capture(type="capture", requests=self.requests))
         answer = runner.expect("captured", 1 << 22)
         violations, shapes = answer.get("violations"), answer.get("shapes")
         if isinstance(violations, list) and violations:
@@ -126,7 +127,7 @@ class CompileCheck:
                 groups.append((f"{where} (launched)", self.recorded[request["dtype"]][:MAX_LAUNCHES_PER_SHAPE]))
         return groups
 
-    def run(self, v: Verdict, runner: Child, spawn: Callable[[], tuple[Child, dict[str, Any]]]) -> None:
+    def run(self, v: Verdict, runner: Child, spawn: Callable[[], tuple[Child, Load]]) -> None:
         """Capture, compile, judge; sets `v.compile`, and fails `v` on the first problem. Nothing without targets."""
         if not self.targets:
             return
@@ -138,7 +139,7 @@ class CompileCheck:
             v.fail("compile-target", f"its kernels could not be rebuilt in compiled Triton: {str(load.get('error'))[:300]}")
             return
         descriptions = [d for _, launches in groups for d in launches]
-        compiler.send({"type": "compile", "targets": list(self.targets), "launches": descriptions})
+        compiler.send(Compile(type="compile", targets=list(self.targets), launches=descriptions))
         answer = compiler.expect("compiled", 1 << 22)
         launches, results = answer.get("launches"), answer.get("results")
         if not isinstance(results, list) or not all(isinstance(r, dict) for r in results) \

@@ -23,6 +23,7 @@ from typing import Any
 
 from kernelloop.kernels.target_compile import TARGETS, CompileResult, Launch, compile_launch, specialise
 from kernelloop.sandbox import guards, wire
+from kernelloop.sandbox.messages import Compiled, CompiledFields, CompiledLaunch, Job, Load, parse
 from kernelloop.sandbox.replay import ReplayError, kernels_from_source
 
 MAX_LAUNCHES = 256  # the judge sends at most 16 per shape, 3 groups per dtype
@@ -97,29 +98,30 @@ def _plain(value: Any) -> Any:
     return value if value is None or type(value) in (bool, int, float, str) else str(value)[:100]
 
 
-def result_fields(result: CompileResult) -> dict[str, Any]:
-    return {"kernel": result.kernel, "registers": result.registers, "spill_bytes": result.spill_bytes,
-            "stack_bytes": result.stack_bytes, "shared_bytes": result.shared_bytes, "num_warps": result.num_warps,
-            "num_stages": result.num_stages, "constexprs": {k: _plain(v) for k, v in result.constexprs.items()},
-            "seconds": round(result.seconds, 3), "error": result.error}
+def result_fields(result: CompileResult) -> CompiledFields:
+    return CompiledFields(kernel=result.kernel, registers=result.registers, spill_bytes=result.spill_bytes,
+                          stack_bytes=result.stack_bytes, shared_bytes=result.shared_bytes, num_warps=result.num_warps,
+                          num_stages=result.num_stages, constexprs={k: _plain(v) for k, v in result.constexprs.items()},
+                          seconds=round(result.seconds, 3), error=result.error)
 
 
-def compile_descriptions(table: dict[str, Any], launches: Any, targets: Any) -> dict[str, Any]:
-    """The "compiled" answer's body (see the module docstring)."""
+def compile_descriptions(table: dict[str, Any], launches: Any, targets: Any) -> Compiled:
+    """The "compiled" answer (see the module docstring)."""
     from kernelloop.kernels.target_compile import _backend
 
     if not isinstance(targets, list) or not targets or not all(t in TARGETS for t in targets) \
             or not isinstance(launches, list) or len(launches) > MAX_LAUNCHES:
         raise wire.ProtocolError("malformed compile message")
     backend = _backend("sm90")[1]
-    answers, keys, distinct = [], {}, []
+    answers: list[CompiledLaunch] = []
+    keys, distinct = {}, []
     for description in launches:
         try:
             launch = decode(table, description)
             signature, constexprs, attrs, options = specialise(launch, backend)
         except Exception as exc:  # noqa: BLE001  (whatever a description makes Triton's specialisation raise)
-            answers.append({"compiled": None, "ident": None, "error": str(exc).splitlines()[0][:300] if str(exc)
-                            else type(exc).__name__})
+            answers.append(CompiledLaunch(compiled=None, ident=None, error=str(exc).splitlines()[0][:300] if str(exc)
+                                          else type(exc).__name__))
             continue
         declared = {p.name for p in launch.kernel.params if p.is_constexpr}
         ident = json.dumps([launch.name, sorted((k, repr(v)) for k, v in constexprs.items() if k in declared),
@@ -129,25 +131,25 @@ def compile_descriptions(table: dict[str, Any], launches: Any, targets: Any) -> 
         if key not in keys:
             keys[key] = len(distinct)
             distinct.append(launch)
-        answers.append({"compiled": keys[key], "ident": ident, "error": None})
+        answers.append(CompiledLaunch(compiled=keys[key], ident=ident, error=None))
     results = [{target: result_fields(compile_launch(launch, target)) for target in targets} for launch in distinct]
-    return {"launches": answers, "results": results}
+    return Compiled(type="compiled", launches=answers, results=results)
 
 
-def serve_compiles(chan: wire.Channel, job: dict[str, Any]) -> None:
+def serve_compiles(chan: wire.Channel, job: Job) -> None:
     """The compile process: rebuild the kernels from the judge's copy of the source, answer one "compile"."""
     from kernelloop.kernels.device import triton_interpreted
 
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     if triton_interpreted() or not isinstance(job.get("source"), str):
-        chan.send({"type": "load", "ok": False, "error": "the compile process needs compiled Triton and a source"})
+        chan.send(Load(type="load", ok=False, error="the compile process needs compiled Triton and a source",
+                       constants={}, violations=guards.VIOLATIONS[:5]))
         return
     try:
         table = kernels_from_source(job["source"], job.get("constants", {}))
     except ReplayError as exc:
-        chan.send({"type": "load", "ok": False, "error": str(exc)})
+        chan.send(Load(type="load", ok=False, error=str(exc), constants={}, violations=guards.VIOLATIONS[:5]))
         return
-    chan.send({"type": "load", "ok": True})
-    header, _ = chan.receive()
-    if header["type"] == "compile":
-        chan.send({"type": "compiled", **compile_descriptions(table, header.get("launches"), header.get("targets"))})
+    chan.send(Load(type="load", ok=True, error=None, constants={}, violations=guards.VIOLATIONS[:5]))
+    header = parse(chan.receive()[0], "compile")
+    chan.send(compile_descriptions(table, header["launches"], header["targets"]))

@@ -1,7 +1,8 @@
 """A pre-warmed process that forks the sandboxed processes, and the judge's handle on one.
 
 `serve(FD)` (in `python -c`) imports torch, triton and the op library once, then answers requests
-over the Unix socket FD, one at a time, each tagged with an id that its reply repeats:
+over the Unix socket FD, one at a time, each tagged with an id that its reply repeats (declared in
+sandbox/messages.py: StartRequest, StartReply, WaitRequest, WaitReply; the job is messages.Job):
 
     {"op": "start", "id": n, "job": {...}} + two fds (the child's channel end, its log file)
         -> {"id": n, "pid": p}        the child runs sandbox.worker.child_main
@@ -23,12 +24,15 @@ import os
 import socket
 import struct
 import subprocess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelloop import IMPORT_ROOT
 from kernelloop.kernels.ops import OP_PACKAGES_ENV, extra_packages, op_import_roots
 from kernelloop.sandbox.guards import ENV_KEEP
 from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts, spawn_python
+
+if TYPE_CHECKING:  # (messages imports torch; the fork server imports it only in `serve`)
+    from kernelloop.sandbox.messages import Job, StartReply, StartRequest, WaitReply, WaitRequest
 
 _LEN = struct.Struct("!I")
 _CUDA_ENTRY_POINTS = ("is_available", "init", "device_count", "_lazy_init", "current_device", "get_device_name",
@@ -111,14 +115,14 @@ class ForkServer:
             if self._sock is sock:
                 sock.settimeout(None)
 
-    def start(self, job: dict[str, Any], chan_fd: int, log_fd: int) -> int:
-        reply = self._request({"op": "start", "job": job}, [chan_fd, log_fd], timeout=60.0)
+    def start(self, job: Job, chan_fd: int, log_fd: int) -> int:
+        reply: StartReply | None = self._request({"op": "start", "job": job}, [chan_fd, log_fd], timeout=60.0)
         if reply is None or not isinstance(reply.get("pid"), int):
             raise RuntimeError("the sandbox's fork server did not start a process")
         return reply["pid"]
 
     def wait(self, pid: int, timeout: float) -> int | None:
-        reply = self._request({"op": "wait", "pid": pid}, timeout=timeout)
+        reply: WaitReply | None = self._request({"op": "wait", "pid": pid}, timeout=timeout)
         return reply.get("status") if reply else None
 
     def close(self) -> None:
@@ -132,7 +136,7 @@ class ForkServer:
         self._proc = self._sock = None
 
 
-def start_fresh(job: dict[str, Any], chan_fd: int, log_fd: int) -> tuple[int, Any]:
+def start_fresh(job: Job, chan_fd: int, log_fd: int) -> tuple[int, Any]:
     """The same child in a fresh interpreter (no fork server): the slow path and the benchmark's reference."""
     proc = spawn_python(
         f"from kernelloop.sandbox.worker import run_fresh; run_fresh({chan_fd}, {log_fd}, {os.getpid()})",
@@ -181,6 +185,7 @@ def serve(fd: int, judge: int) -> None:
     sock = socket.socket(fileno=fd)
     while True:
         try:
+            request: StartRequest | WaitRequest
             request, fds = _recv_msg(sock)
         except (EOFError, OSError, ValueError):
             return

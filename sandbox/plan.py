@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kernelloop.kernels.spec import CUDA_ENGINE_SHAPES, TOKEN_BUCKETS, Cost, OpSpec, Shape, dtype_name, parse_dtype, pick_shapes
+from kernelloop.sandbox.messages import Plan, Timing, Trial
 from kernelloop.sandbox.options import CheckOptions
 
 # On CUDA too, every trial's and every timed call's inputs and reference are computed on the judge's
@@ -138,38 +139,39 @@ def _every_dtype(spec: OpSpec, options: CheckOptions, shape: dict, variant: dict
     return not variant and (shape in list(spec.test_shapes) or shape in list(spec.held_back))
 
 
-def make_plan(spec: OpSpec, options: CheckOptions, seed: int) -> dict[str, Any]:
-    """trials: [{id, shape, variant, dtype, seed, determinism}]; timing: {shape, dtype, rounds: [[seed per call]]} or None."""
+def make_plan(spec: OpSpec, options: CheckOptions, seed: int) -> Plan:
+    """The trials (sandbox/messages.py: Trial) and the timing (Timing, or None without timing)."""
     rng = random.Random(seed)
     cases, dtypes = check_cases(spec, options), check_dtypes(spec, options)
-    trials: list[dict[str, Any]] = []
+    trials: list[Trial] = []
+    seen: set[tuple] = set()  # each distinct shape is called twice on the same inputs once: same bits?
+
+    def add(shape: dict[str, int], variant: dict[str, Any], dtype: str) -> None:
+        key = tuple(sorted(shape.items()))
+        trials.append(Trial(id=len(trials), shape=shape, variant=variant, dtype=dtype, seed=rng.randrange(1 << 62),
+                            determinism=key not in seen))
+        seen.add(key)
+
     rotating = [c for c in cases if not _every_dtype(spec, options, *c)]
     for i, dtype in enumerate(dtypes):
         for shape, variant in cases:
             if (shape, variant) in rotating and rotating.index((shape, variant)) % len(dtypes) != i:
                 continue
-            trials.append({"id": len(trials), "shape": shape, "variant": variant, "dtype": dtype,
-                           "seed": rng.randrange(1 << 62)})
+            add(shape, variant, dtype)
         for shape, variant in cases[:2]:
-            trials.append({"id": len(trials), "shape": shape, "variant": variant, "dtype": dtype,
-                           "seed": rng.randrange(1 << 62)})
-    seen: set[tuple] = set()
-    for trial in trials:  # each distinct shape is called twice on the same inputs once: same bits?
-        key = tuple(sorted(trial["shape"].items()))
-        trial["determinism"] = key not in seen
-        seen.add(key)
+            add(shape, variant, dtype)
     timing = None
     if options.timing:
         rounds = options.rounds or (15 if options.device == "cuda" else 7)
         calls = 10 if options.device == "cuda" else 3
-        timing = {"shape": timing_shape(spec, options), "dtype": timing_dtype(spec, options),
-                  "rounds": [[rng.randrange(1 << 62) for _ in range(calls)] for _ in range(rounds)]}
+        timing = Timing(shape=timing_shape(spec, options), dtype=timing_dtype(spec, options),
+                        rounds=[[rng.randrange(1 << 62) for _ in range(calls)] for _ in range(rounds)])
         if options.timing_shape and timing["shape"] != dict(options.timing_shape):
             timing["asked_shape"] = dict(options.timing_shape)  # cut to the interpreter's scale
-    return {"trials": trials, "timing": timing}
+    return Plan(trials=trials, timing=timing)
 
 
-def harness_memory_mb(spec: OpSpec, plan: dict[str, Any], device: str) -> int:
+def harness_memory_mb(spec: OpSpec, plan: Plan, device: str) -> int:
     """Memory a sandboxed process needs for the harness itself, on top of the candidate's allowance:
     each call's tensors arrive over the channel and go back out (inputs and outputs, host copies of
     GPU tensors), and on CUDA the context's own host memory. At GPU timing shapes this is gigabytes

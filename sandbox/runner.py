@@ -43,6 +43,7 @@ from kernelloop.sandbox.children import Child, MemoryExceeded, Refused
 from kernelloop.sandbox.compile_check import CompileCheck, compile_setup
 from kernelloop.sandbox.executables import cuda_executables
 from kernelloop.sandbox.forkserver import ForkServer
+from kernelloop.sandbox.messages import Job, Load, Plan, Record
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
 from kernelloop.sandbox.static_check import static_check
@@ -61,7 +62,7 @@ class _Trial:
     phase: str
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
-    record: dict
+    record: Record
     limit: int
     comparison: Comparison | None
 
@@ -157,19 +158,19 @@ class Sandbox(ABTiming):
         return v
 
     def _spawn(self, role: str, spec: OpSpec, source: str | None, filename: str, scratch: Path,
-               constants: dict | None = None) -> tuple[Child, dict[str, Any]]:
-        """Start a sandboxed process; returns it and its "load" message (after "ready")."""
+               constants: dict | None = None) -> tuple[Child, Load]:
+        """Start a sandboxed process; returns it (its `isolation` from "ready") and its "load" message."""
         t0, compiling = time.monotonic(), role == "compile"  # compile processes run compiled Triton ("cuda")
-        job = {"role": role, "op": spec.name, "device": "cuda" if compiling else self.options.device, "source": source,
-               "filename": filename, "constants": constants or {}, "memory_mb": self._memory_mb,
-               "cpu_seconds": int(self._budget.total_s * 2) + 5, "confine": not self.options.unconfined,
-               "allow_exec": list(self._compile_exec if compiling else self.executables)}
+        job = Job(role=role, op=spec.name, device="cuda" if compiling else self.options.device, source=source,
+                  filename=filename, constants=constants or {}, memory_mb=self._memory_mb,
+                  cpu_seconds=int(self._budget.total_s * 2) + 5, confine=not self.options.unconfined,
+                  allow_exec=list(self._compile_exec if compiling else self.executables))
         child = Child(self._compiler if compiling else self.server, job, scratch, self._memory_mb, self._deadline)
         self._children.append(child)
-        ready = child.expect("ready")
+        child.isolation = child.expect("ready")["isolation"]
         load = child.expect("load")
         self._start_s += time.monotonic() - t0
-        return child, {**load, "isolation": ready.get("isolation", {})}
+        return child, load
 
     def _answer(self, v: Verdict, spec: OpSpec, runner: Child, where: str, args: tuple, expected: Any,
                 shape: dict[str, int]) -> _Trial | None:
@@ -207,9 +208,9 @@ class Sandbox(ABTiming):
             if attempt:
                 replayer.start_replay(trial.record, trial.inputs)
             got, after, seconds, done = replayer.finish_replay(trial.limit)
-            if judging.runtime_failure(v, {"violations": done.get("violations"), "error": None}, trial.where):
+            if judging.runtime_failure(v, {"violations": done["violations"], "error": None}, trial.where):
                 break
-            if done.get("error"):
+            if done["error"]:
                 v.fail("untraceable", f"{trial.where}: the replay of its launches failed: {str(done['error'])[:300]}")
                 break
             replays.append(got)
@@ -232,18 +233,18 @@ class Sandbox(ABTiming):
         replayer.start_replay(trial.record, trial.inputs)
         return self._replay_outcome(v, replayer, trial)
 
-    def _judge(self, spec: OpSpec, source: str, filename: str, plan: dict, v: Verdict, work: Path) -> None:
+    def _judge(self, spec: OpSpec, source: str, filename: str, plan: Plan, v: Verdict, work: Path) -> None:
         runner, load = self._spawn("run", spec, source, filename, work / "runner")
-        v.isolation = {k: str(val) for k, val in load.get("isolation", {}).items()}
-        if load.get("violations"):
+        v.isolation = runner.isolation
+        if load["violations"]:
             v.fail("sandbox-violation", f"while importing: {str(load['violations'][0])[:300]}")
-        elif not load.get("ok"):
-            v.fail("load", f"importing the candidate failed: {str(load.get('error', ''))[:300]}")
+        elif not load["ok"]:
+            v.fail("load", f"importing the candidate failed: {str(load['error'])[:300]}")
         if v.failure:
             return
-        replayer, rload = self._spawn("replay", spec, source, filename, work / "replayer", load.get("constants"))
-        if not rload.get("ok"):
-            v.fail("untraceable", f"its kernels could not be rebuilt for the replay: {str(rload.get('error'))[:300]}")
+        replayer, rload = self._spawn("replay", spec, source, filename, work / "replayer", load["constants"])
+        if not rload["ok"]:
+            v.fail("untraceable", f"its kernels could not be rebuilt for the replay: {str(rload['error'])[:300]}")
             return
         v.stage = "correctness"
         check = CompileCheck(spec, self.compile_for, plan)  # does nothing without --compile-for
@@ -263,13 +264,13 @@ class Sandbox(ABTiming):
                 return
             check.note(trial, pending.record)
             replayer.start_replay(pending.record, pending.inputs)
-            if trial.get("determinism", False) and not self._same_again(v, runner, pending, args):
+            if trial["determinism"] and not self._same_again(v, runner, pending, args):
                 return
         if pending is not None and self._replay_outcome(v, replayer, pending) is None:
             return
         v.correct = True
         self._phase = f"the compile check for {','.join(self.compile_for)}"
-        check.run(v, runner, lambda: self._spawn("compile", spec, source, filename, work / "compiler", load.get("constants")))
+        check.run(v, runner, lambda: self._spawn("compile", spec, source, filename, work / "compiler", load["constants"]))
         if v.failure is not None:
             return
         if plan["timing"]:

@@ -3,10 +3,10 @@
 Both start as children of the fork server (or a fresh interpreter), confine themselves before any
 untrusted code exists in them (sandbox/confine.py: namespaces, Landlock, seccomp; then rlimits, an
 allowlisted environment, a scratch cwd/HOME/TMPDIR, an audit hook as a second layer), then serve the
-judge one message at a time over their channel (sandbox/wire.py). Neither decides anything: the
-runner sends back what `forward` returned plus the record of how (sandbox/trace.py); the replayer
-sends back what the record computes (sandbox/replay.py). They never see seeds, expected outputs,
-the plan, clocks the judge reads, or the other side's code.
+judge one message at a time over their channel (sandbox/wire.py; the messages: sandbox/messages.py).
+Neither decides anything: the runner sends back what `forward` returned plus the record of how
+(sandbox/trace.py); the replayer sends back what the record computes (sandbox/replay.py). They never
+see seeds, expected outputs, the plan, clocks the judge reads, or the other side's code.
 
 Runner, per "call": inputs in -> outputs, the inputs as they are afterwards, the record, facts; per
 "capture" (--compile-for): its launches at given shapes, described on meta inputs (sandbox/capture.py).
@@ -33,6 +33,7 @@ from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork
 from kernelloop.kernels.spec import parse_dtype
 from kernelloop.kernels.timing import l2_flusher
 from kernelloop.sandbox import capture, guards, trace, wire
+from kernelloop.sandbox.messages import Done, Error, Facts, Job, Load, Ready, Record, Result, Staged, conform, parse
 from kernelloop.sandbox.compile_child import serve_compiles
 from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts
 from kernelloop.sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
@@ -80,7 +81,7 @@ def load_module(source: str, filename: str) -> tuple[Callable[..., Any], dict[st
     return forward, constants
 
 
-def _setup(job: dict[str, Any]) -> dict[str, str]:
+def _setup(job: Job) -> dict[str, str]:
     """Confine this (single-threaded, just forked) process; returns facts for the verdict."""
     if job.get("own_session", True):
         os.setsid()
@@ -98,7 +99,7 @@ def _setup(job: dict[str, Any]) -> dict[str, str]:
     return facts
 
 
-def _no_more_threads(job: dict[str, Any]) -> None:
+def _no_more_threads(job: Job) -> None:
     """On CPU nothing legitimate starts a thread or a process after warm-up: the kernel refuses them.
     (On CUDA Triton still compiles, i.e. spawns ptxas and the C compiler, on a kernel's first launch.)"""
     if job["device"] == "cpu" and job.get("confine", True):
@@ -118,7 +119,7 @@ def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
 
 def _decode_args(header: dict[str, Any], tensors: list[torch.Tensor], device: str) -> tuple:
     args = []
-    for a in header.get("args", []):
+    for a in header["args"]:
         if isinstance(a, dict) and isinstance(a.get("tensor"), int) and 0 <= a["tensor"] < len(tensors):
             args.append(_to_device(tensors[a["tensor"]], device))
         elif a is None or isinstance(a, (bool, int, float)):
@@ -132,10 +133,10 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], device: str) -> tuple[Any, dict, dict]:
+def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], device: str) -> tuple[Any, Facts, Record]:
     recorder = trace.Recorder()
     recorder.begin(args)
-    facts: dict[str, Any] = {}
+    facts = Facts(error=None, memory=False, launches=0, torch_ops=[], violations=[], count=0, types=[], devices=[])
     threads, violations = _threads(), len(guards.VIOLATIONS)
     state["recorder"], state["launches"] = recorder, 0
     try:
@@ -150,7 +151,7 @@ def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], devic
         out = None
     finally:
         state["recorder"] = None
-    record = recorder.finish(out) if out is not None else {}
+    record = recorder.finish(out) if out is not None else Record(entries=[], outputs=[], inputs=len(args), problem=None)
     facts["launches"] = state["launches"]
     facts["torch_ops"] = sorted(set(recorder.forbidden))[:10]
     facts["violations"] = guards.VIOLATIONS[violations:][:5]
@@ -159,7 +160,7 @@ def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], devic
     return out, facts, record
 
 
-def serve_calls(chan: wire.Channel, job: dict[str, Any]) -> None:
+def serve_calls(chan: wire.Channel, job: Job) -> None:
     """The runner: load the module (or the op's trusted baseline), then answer "call" messages."""
     device, spec = job["device"], get_op(job["op"])
     state: dict[str, Any] = {"recorder": None}
@@ -174,16 +175,15 @@ def serve_calls(chan: wire.Channel, job: dict[str, Any]) -> None:
         try:
             forward, constants = load_module(job["source"], job["filename"])
         except BaseException as exc:
-            chan.send({"type": "load", "ok": False, "error": one_line(exc), "violations": guards.VIOLATIONS[:5]})
+            chan.send(Load(type="load", ok=False, error=one_line(exc), constants={}, violations=guards.VIOLATIONS[:5]))
             return
-    chan.send({"type": "load", "ok": True, "constants": constants, "violations": guards.VIOLATIONS[:5]})
+    chan.send(Load(type="load", ok=True, error=None, constants=constants, violations=guards.VIOLATIONS[:5]))
     while True:
         header, tensors = chan.receive()
+        header = parse(header, "call", "capture")
         if header["type"] == "capture":  # --compile-for: describe the launches at shapes it is not run at
             chan.send(capture.answer(forward, spec, header))
             continue
-        if header["type"] != "call":
-            return
         args = _decode_args(header, tensors, device)
         out, facts, record = _call(forward, args, state, device)
         outs = out if isinstance(out, tuple) else (out,)
@@ -195,7 +195,7 @@ def serve_calls(chan: wire.Channel, job: dict[str, Any]) -> None:
                 sent = list(outs)
                 facts["devices"] = [o.device.type for o in outs]
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
-        chan.send({"type": "result", "facts": facts, "record": record, "outputs": len(sent)}, sent + inputs)
+        chan.send(Result(type="result", facts=facts, record=record, outputs=len(sent)), sent + inputs)
 
 
 class _CudaTimer:
@@ -215,7 +215,7 @@ class _CudaTimer:
         return out, start.elapsed_time(end) / 1e3
 
 
-def serve_replays(chan: wire.Channel, job: dict[str, Any]) -> None:
+def serve_replays(chan: wire.Channel, job: Job) -> None:
     """The replayer: rebuild the kernels (from the judge's copy of the source), then stage and go."""
     device = job["device"]
     _no_more_threads(job)
@@ -224,49 +224,46 @@ def serve_replays(chan: wire.Channel, job: dict[str, Any]) -> None:
         table = (kernels_from_module(get_op(job["op"]).forward.__module__) if job.get("source") is None
                  else kernels_from_source(job["source"], job.get("constants", {})))
     except ReplayError as exc:
-        chan.send({"type": "load", "ok": False, "error": str(exc)})
+        chan.send(Load(type="load", ok=False, error=str(exc), constants={}, violations=guards.VIOLATIONS[:5]))
         return
-    chan.send({"type": "load", "ok": True})
+    chan.send(Load(type="load", ok=True, error=None, constants={}, violations=guards.VIOLATIONS[:5]))
     replay, timer = Replay(table, device), (_CudaTimer() if device == "cuda" else None)
     record, inputs, outputs = None, [], []
     while True:
         header, tensors = chan.receive()
-        kind = header["type"]
-        if kind == "stage":
-            record, inputs, outputs = header.get("record"), [_to_device(t, device) for t in tensors], []
-            chan.send({"type": "staged"})
-        elif kind == "go":  # the outputs travel with "done": the judge's clock stops when they have arrived
+        if parse(header, "stage", "go")["type"] == "stage":
+            record, inputs, outputs = header["record"], [_to_device(t, device) for t in tensors], []
+            chan.send(Staged(type="staged"))
+        else:  # the outputs travel with "done": the judge's clock stops when they have arrived
             violations = len(guards.VIOLATIONS)
             try:
                 if timer is None:
                     outputs, elapsed = replay.run(record, inputs), None
                 else:
                     outputs, elapsed = timer.time(lambda: replay.run(record, inputs))
-                done = {"type": "done", "elapsed_s": elapsed, "outputs": len(outputs)}
+                done = Done(type="done", elapsed_s=elapsed, error=None, outputs=len(outputs), violations=[])
             except BaseException as exc:  # noqa: BLE001 (a kernel that raises is the candidate's failure)
-                outputs, done = [], {"type": "done", "error": one_line(exc), "outputs": 0}
+                outputs, done = [], Done(type="done", elapsed_s=None, error=one_line(exc), outputs=0, violations=[])
             done["violations"] = guards.VIOLATIONS[violations:][:5]
             chan.send(done, list(outputs) + list(inputs))
-        else:
-            return
 
 
-def child_main(chan_fd: int, log_fd: int, job: dict[str, Any]) -> None:
+def child_main(chan_fd: int, log_fd: int, job: Job) -> None:
     """Entry point of a sandboxed process; never returns."""
     chan = wire.Channel(chan_fd)
     try:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        facts = _setup(job)
-        chan.send({"type": "ready", "isolation": facts})
+        conform(job, Job, "the job")
+        chan.send(Ready(type="ready", isolation=_setup(job)))
         if job["role"] == "compile":  # --compile-for: compiled Triton, no candidate Python ran here
             serve_compiles(chan, job)
         else:
             (serve_calls if job["role"] == "run" else serve_replays)(chan, job)
     except BaseException as exc:  # harness-side failure (e.g. the candidate broke torch): report, then die
         try:
-            chan.send({"type": "error", "error": one_line(exc), "violations": guards.VIOLATIONS[:5]})
+            chan.send(Error(type="error", error=one_line(exc), violations=guards.VIOLATIONS[:5]))
         except BaseException:
             pass
     finally:

@@ -93,7 +93,7 @@ def test_the_fork_server_never_initialises_cuda(tmp_path: Path) -> None:
         ready, _ = child.receive()
         assert ready["type"] == "ready", ready
         load, _ = child.receive()
-        assert load == {"type": "load", "ok": True, "tensors": []}, load
+        assert load == {"type": "load", "ok": True, "error": None, "constants": {}, "violations": [], "tensors": []}, load
     finally:
         if child is not None:
             child.close()
@@ -142,7 +142,8 @@ def test_replay_seconds_are_cuda_events_on_cuda_and_the_judges_clock_on_cpu(devi
         child._check_memory = lambda: None
         child._sent_at, child._n_inputs, child._go_at = time.monotonic(), 1, time.perf_counter()
         out, after = torch.ones(3), torch.zeros(2)
-        wire.Channel(theirs.fileno()).send({"type": "done", "elapsed_s": 0.25, "outputs": 1}, [out, after])
+        wire.Channel(theirs.fileno()).send({"type": "done", "elapsed_s": 0.25, "error": None, "outputs": 1,
+                                             "violations": []}, [out, after])
         got, inputs_after, seconds, done = child.finish_replay(1 << 20)
         assert torch.equal(got[0], out) and torch.equal(inputs_after[0], after) and done["elapsed_s"] == 0.25
         assert seconds == expected if expected is not None else 0 <= seconds < 0.25

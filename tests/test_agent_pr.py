@@ -50,7 +50,7 @@ class Setup:
         with History(self.history_path) as hist:
             cid, _ = hist.record_attempt(op, source, "search", verdict)
         return self.registry.add(op, source, device="cpu-interpreter", dtype="float32", bucket="*", speedup=speedup,
-                                 speedup_ci=(speedup - 0.1, speedup + 0.1), provenance=Provenance("search", history_id=cid))
+                                 speedup_ci=(speedup - 0.1, speedup + 0.1), provenance=Provenance("search", history_id=cid)).entry
 
     def argv(self, *extra: str) -> list[str]:
         return ["pr", "--repo", str(self.clone), "--remote", "origin", "--base", "main",

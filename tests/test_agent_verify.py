@@ -18,9 +18,9 @@ def _registry(tmp_path: Path) -> tuple[Registry, str, str]:
     common = dict(device="cpu-interpreter", dtype="float32", speedup=1.5, speedup_ci=(1.2, 1.8),
                   provenance=Provenance("search"))
     good = registry.add("rmsnorm", (CANDIDATES / "control_rmsnorm_multirow.py").read_text(),
-                        bucket="hidden=64,tokens=17-128", **common)
+                        bucket="hidden=64,tokens=17-128", **common).entry
     bad = registry.add("rmsnorm", (CANDIDATES / "unwritten_tail.py").read_text(),  # as if a Triton upgrade broke it
-                       bucket="hidden=64,tokens=2-16", **common)
+                       bucket="hidden=64,tokens=2-16", **common).entry
     return registry, good.id, bad.id
 
 

@@ -25,7 +25,7 @@ def add(reg: Registry, source: str = RMSNORM_SOURCE, *, bucket: str = ANY_BUCKET
         device: str = DEVICE, speedup: float = 1.25):
     return reg.add("rmsnorm", source, device=device, dtype=dtype, bucket=bucket, speedup=speedup,
                    speedup_ci=(speedup - 0.05, speedup + 0.05),
-                   provenance=Provenance("search", model=None, prompt_hash="abc", history_id=7))
+                   provenance=Provenance("search", model=None, prompt_hash="abc", history_id=7)).entry
 
 
 def commits(reg: Registry) -> list[str]:
@@ -114,6 +114,16 @@ def test_the_registry_is_read_at_any_commit(registry):
     entry = add(registry)
     assert registry.entries("HEAD~1") == [] and registry.entries() == [entry]
     assert registry.added_by(entry).sha == registry.head()
+
+
+def test_add_returns_the_commit_it_made(registry):
+    # Issue #15: the loop found a new entry's commit by searching the log; add says it.
+    first = registry.add("rmsnorm", RMSNORM_SOURCE, device=DEVICE, dtype="float32", bucket=ANY_BUCKET, speedup=1.2,
+                         speedup_ci=(1.1, 1.3), provenance=Provenance("search"))
+    second = registry.add("silu_mul", RMSNORM_SOURCE + "\n# another\n", device=DEVICE, dtype="float32",
+                          bucket=ANY_BUCKET, speedup=1.2, speedup_ci=(1.1, 1.3), provenance=Provenance("search"))
+    assert second.commit == registry.head() != first.commit
+    assert registry.added_by(first.entry).sha == first.commit and registry.entries(f"{second.commit}^") == [first.entry]
     with pytest.raises(RegistryError, match="not a commit"):
         registry.entries("no-such-commit")
 

@@ -128,7 +128,7 @@ def test_a_shape_timed_smaller_keeps_the_registry_baseline_of_its_bucket(tmp_pat
     spec, asked = get_op("rmsnorm"), {"tokens": 780, "hidden": 192}
     registry = Registry(tmp_path / "reg")
     entry = registry.add("rmsnorm", HONEST, device="cpu-interpreter", dtype="float32", bucket=spec.bucket(asked),
-                         speedup=1.1, speedup_ci=(1.05, 1.2), provenance=Provenance("human"))
+                         speedup=1.1, speedup_ci=(1.05, 1.2), provenance=Provenance("human")).entry
     options = CheckOptions(registry=registry.path, seed=4, dtypes=("float32",), rounds=2, timing_shape=asked,
                            timing_dtype="float32")
     with Sandbox(options) as sandbox:
@@ -147,7 +147,7 @@ def test_registry_baseline_false_times_against_the_ops_own_kernel(tmp_path: Path
     spec, asked = get_op("rmsnorm"), {"tokens": 16, "hidden": 192}
     registry = Registry(tmp_path / "reg")
     registry.add("rmsnorm", HONEST, device="cpu-interpreter", dtype="float32", bucket=spec.bucket(asked),
-                 speedup=1.1, speedup_ci=(1.05, 1.2), provenance=Provenance("human"))
+                 speedup=1.1, speedup_ci=(1.05, 1.2), provenance=Provenance("human")).entry
     options = CheckOptions(registry=registry.path, registry_baseline=False, seed=4, dtypes=("float32",), rounds=2,
                            timing_shape=asked, timing_dtype="float32")
     with Sandbox(options) as sandbox:

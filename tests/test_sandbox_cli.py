@@ -93,7 +93,7 @@ def test_the_baseline_is_the_registrys_current_choice(tmp_path: Path) -> None:
         shape = before.timing["shape"]
         entry = registry.add("rmsnorm", (CANDIDATES / "control_rmsnorm_row.py").read_text(),
                              device="cpu-interpreter", dtype="float32", bucket=spec.bucket(shape), speedup=1.1,
-                             speedup_ci=(1.05, 1.2), provenance=Provenance("human"))
+                             speedup_ci=(1.05, 1.2), provenance=Provenance("human")).entry
         after = sandbox.judge_source("rmsnorm", (CANDIDATES / "control_rmsnorm_multirow.py").read_text(), "m.py")
     assert after.baseline == f"registry {entry.id}" and after.correct
     assert after.speedup is not None and len(after.speedup_interval) == 2

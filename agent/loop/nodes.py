@@ -202,11 +202,13 @@ class Nodes:
         entry = self._current_entry(state)
         if entry is None or entry.sha256 != w["sha256"] or entry.provenance.history_id != w["candidate_id"]:
             interval = w["verdict"]["speedup_interval"]
-            entry = ctx.registry.add(
+            added = ctx.registry.add(
                 state["op"], w["source"], device=self.fingerprint, dtype=state["dtype"], bucket=state["bucket"],
                 speedup=w["verdict"]["speedup"], speedup_ci=(interval[0], interval[1]),
                 provenance=Provenance(w["proposer"], history_id=w["candidate_id"]))
-        commit_sha = ctx.registry.added_by(entry).sha
+            entry, commit_sha = added.entry, added.commit
+        else:  # a resumed run that was killed after its commit
+            commit_sha = ctx.registry.added_by(entry).sha
         if not any(e["kind"] == "add" and e["entry_id"] == entry.id for e in ctx.history.registry_events(op=state["op"])):
             ctx.history.record_registry_event("add", state["op"], entry_id=entry.id, commit_sha=commit_sha,
                                               device=self.fingerprint, dtype=state["dtype"], bucket=state["bucket"],

@@ -42,6 +42,15 @@ class Commit:
     date: str
 
 
+@dataclass(frozen=True)
+class Added:
+    """What `Registry.add` did: the entry, and the commit that added it (the gate alternates `commit^`
+    and `commit`)."""
+
+    entry: Entry
+    commit: str
+
+
 class Registry:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path).expanduser() if path is not None else default_registry_path()
@@ -169,8 +178,8 @@ class Registry:
         speedup_ci: tuple[float, float],
         provenance: Provenance,
         verified_at: str | None = None,
-    ) -> Entry:
-        """Store a verified kernel, replacing the entry for the same key; one commit."""
+    ) -> Added:
+        """Store a verified kernel, replacing the entry for the same key; one commit, returned with it."""
         entry = Entry(
             op=op, device=device, dtype=dtype, bucket=bucket, sha256=sha256_text(source),
             speedup=speedup, speedup_ci=tuple(speedup_ci), provenance=provenance,
@@ -181,8 +190,8 @@ class Registry:
             atomic_write(self.path / entry.source_path, source)
             atomic_write(self.manifest_path, render_manifest(entries))
             message = f"Add {op} for {device} {dtype} [{bucket}]: {speedup:.2f}x ({entry.id})"
-            self._commit(repo, [entry.source_path, MANIFEST_NAME], message)
-        return entry
+            sha = self._commit(repo, [entry.source_path, MANIFEST_NAME], message)
+        return Added(entry, sha)
 
     def rollback(self, target: str) -> Commit:
         """Undo the commit `target` (a commit sha, or an entry id: the commit that added it)."""

@@ -99,9 +99,9 @@ class ForkServer:
         sock = self._ensure()
         self._next_id += 1
         rid = self._next_id
-        _send_msg(sock, {**payload, "id": rid}, fds)
-        sock.settimeout(timeout)
         try:
+            _send_msg(sock, {**payload, "id": rid}, fds)
+            sock.settimeout(timeout)
             while True:
                 reply, _ = _recv_msg(sock)
                 if reply.get("id") == rid:  # a late reply to an earlier, timed-out request is dropped
@@ -111,6 +111,9 @@ class ForkServer:
         except (EOFError, OSError, ValueError):  # the server died: start a new one next time
             self.close()
             return None
+        except BaseException:  # interrupted (Ctrl-C) mid-frame: the stream may be out of step, never reuse it
+            self._abandon()
+            raise
         finally:
             if self._sock is sock:
                 sock.settimeout(None)
@@ -122,8 +125,21 @@ class ForkServer:
         return reply["pid"]
 
     def wait(self, pid: int, timeout: float) -> int | None:
+        """`pid`'s exit status once it ended (within `timeout`), else None; None at once when the server
+        that started it is gone (its children went with it: they die with their parent)."""
+        if self._sock is None:
+            return None
         reply: WaitReply | None = self._request({"op": "wait", "pid": pid}, timeout=timeout)
         return reply.get("status") if reply else None
+
+    def _abandon(self) -> None:
+        """Drop the server at once: SIGKILL, no goodbye (its children die with it)."""
+        if self._sock is not None:
+            self._sock.close()
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = self._sock = None
 
     def close(self) -> None:
         if self._sock is not None:

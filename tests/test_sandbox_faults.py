@@ -130,3 +130,27 @@ def test_a_fork_server_started_by_a_thread_that_ends_keeps_serving() -> None:
         assert reply is not None and reply["status"] is None  # it still answers (that is no child of its)
     finally:
         server.close()
+
+
+def test_a_request_interrupted_by_ctrl_c_drops_the_fork_server(monkeypatch) -> None:
+    # A Ctrl-C that lands while the judge reads a fork-server reply can leave the stream mid-frame; a
+    # later request would then read garbage and wait out its timeout (CI once hung 60 s on Ctrl-C). The
+    # server is dropped instead, and waiting on its children answers at once (they died with it).
+    from kernelloop.sandbox import forkserver as fs
+
+    server = ForkServer("cpu")
+    try:
+        proc = server._ensure() and server._proc
+
+        def interrupted(sock):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(fs, "_recv_msg", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            server.wait(999_999_999, 60)
+        monkeypatch.undo()
+        assert proc.poll() is not None and server._proc is None  # killed, not reused
+        start = time.monotonic()
+        assert server.wait(999_999_999, 30) is None and time.monotonic() - start < 1.0
+    finally:
+        server.close()

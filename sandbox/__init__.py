@@ -13,11 +13,15 @@ process, compares with the reference and times the replays A/B with a bootstrap 
 
 from typing import Any
 
+# Light (the standard library only), and eager: its submodule has the same name, and a lazy export
+# would be shadowed by the module once anything imported kernelloop.sandbox.static_check.
+from kernelloop.sandbox.static_check import static_check
+
 # Loaded on first use (PEP 562), so that `kernelloop.sandbox.options` and `.budget` stay cheap to
 # import (command-line parsing takes its defaults from them) without torch or the fork server.
 _EXPORTS = {"CheckOptions": "options", "Sandbox": "runner", "SandboxUnavailable": "runner", "judge_files": "runner",
-            "static_check": "static_check", "Verdict": "verdict", "Check": "verdict", "FAILURES": "verdict"}
-__all__ = list(_EXPORTS)
+            "Verdict": "verdict", "Check": "verdict", "FAILURES": "verdict"}
+__all__ = ["static_check", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:

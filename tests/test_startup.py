@@ -59,3 +59,21 @@ def test_a_registry_source_is_loaded_with_triton_configured():
     kind, interpret = first.split()
     if cuda == "False":
         assert (kind, interpret) == ("InterpretedFunction", "1")
+
+
+def test_lazy_package_exports_are_what_they_name_after_every_submodule_is_loaded():
+    # `from kernelloop.sandbox import static_check` once returned the submodule of that name (the
+    # rehearsal of bench/sandbox_gpu.py caught it: "'module' object is not callable").
+    code = ("import importlib, pkgutil, types\n"
+            "import kernelloop.sandbox as sb, kernelloop.kernels as kn\n"
+            "for pkg in (sb, kn):\n"
+            "    for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + '.'):\n"
+            "        importlib.import_module(info.name)\n"
+            "    for name in pkg.__all__:\n"
+            "        value = getattr(pkg, name)\n"
+            "        assert not isinstance(value, types.ModuleType), (pkg.__name__, name)\n"
+            "from kernelloop.sandbox import static_check\n"
+            "print(static_check('def forward(x):\\n    return x\\n', ('x',)).ok is not None)\n")
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "True"

@@ -58,10 +58,14 @@ def alive(pid: int, start: int) -> bool:
 
 def agent_check(*extra: str, new_session: bool = False) -> subprocess.Popen:
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "TRITON_INTERPRET": "1"}
+    # As a shell starts a foreground command: SIGINT at its default. An ignored SIGINT is inherited
+    # across exec (and Python then installs no KeyboardInterrupt handler), so a disposition left by an
+    # earlier test in this process would make the Ctrl-C test hang for reasons of its own.
     return subprocess.Popen([sys.executable, "-m", "kernelloop.agent.cli", "check", "rmsnorm", str(SPIN), "--device", "cpu",
                              "--json", "--no-history", "--timeout", "150", *extra],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=new_session)
+                            start_new_session=new_session,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_until_spinning(proc: subprocess.Popen, depth: int = 2) -> dict[int, tuple[int, int]]:

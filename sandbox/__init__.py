@@ -3,7 +3,7 @@
     from kernelloop.sandbox import CheckOptions, judge_files
     verdicts = judge_files("rmsnorm", [Path("cand.py")], CheckOptions(device="cpu"))
 
-Layers: static pre-check (static_check.py) -> sandboxed processes from a fork server, confined by
+Layers: static pre-check (kernels/candidate/static_check.py) -> sandboxed processes from a fork server, confined by
 the operating system (forkserver.py, confine.py, guards.py as a second layer) -> a runner calls the
 candidate on inputs the judge sends and records its launches (worker.py, trace.py) -> a replayer
 redoes only those launches, which must give the same bits (replay.py) -> the judge, in its own
@@ -13,9 +13,8 @@ process, compares with the reference and times the replays A/B with a bootstrap 
 
 from typing import Any
 
-# Light (the standard library only), and eager: its submodule has the same name, and a lazy export
-# would be shadowed by the module once anything imported kernelloop.sandbox.static_check.
-from kernelloop.sandbox.static_check import static_check
+# Light (the standard library only); the rules live beside the loader they share with the registry.
+from kernelloop.kernels.candidate.static_check import static_check
 
 # Loaded on first use (PEP 562), so that `kernelloop.sandbox.options` and `.budget` stay cheap to
 # import (command-line parsing takes its defaults from them) without torch or the fork server.

@@ -46,7 +46,7 @@ from kernelloop.sandbox.forkserver import ForkServer
 from kernelloop.sandbox.messages import Job, Load, Plan, Record
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
-from kernelloop.sandbox.static_check import static_check
+from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.sandbox.verdict import Verdict
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from kernelloop.kernels.candidate.guarded_builtins import candidate_builtins
 from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork server before any fork)
 from kernelloop.kernels.spec import parse_dtype
 from kernelloop.kernels.timing import l2_flusher
@@ -62,7 +63,7 @@ def load_module(source: str, filename: str) -> tuple[Callable[..., Any], dict[st
     linecache.cache[label] = (len(source), None, source.splitlines(keepends=True), label)
     module = types.ModuleType("kernelloop_candidate")
     module.__file__ = label
-    module.__dict__["__builtins__"] = guards.candidate_builtins()
+    module.__dict__["__builtins__"] = candidate_builtins()
     sys.modules[module.__name__] = module  # what @dataclass and typing look the module up by
     exec(compile(source, label, "exec"), module.__dict__)
     forward = module.__dict__.get("forward")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernelloop.sandbox.static_check import static_check
+from kernelloop.kernels.candidate.static_check import static_check
 
 ARGS = ("x", "weight", "eps")
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n"

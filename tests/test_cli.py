@@ -125,7 +125,7 @@ def test_installed_console_script(tmp_path):
 def test_ops_template_is_a_legal_candidate(capsys, op):
     """Issue #14: a copy of a baseline module was refused (`import of 'kernels.models'`); --template
     prints a self-contained starting point."""
-    from kernelloop.sandbox.static_check import static_check
+    from kernelloop.kernels.candidate.static_check import static_check
 
     code, out, _ = run(capsys, "ops", "--template", op)
     assert code == 0 and f"agent check {op} THIS_FILE" in out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelloop.sandbox.static_check import static_check
+from kernelloop.kernels.candidate.static_check import static_check
 from tests.sandbox_support import ARGS, FORWARD, HEADER, check
 
 

@@ -20,7 +20,7 @@ from kernelloop.kernels.compare import check_impl
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.loader import load_forward
 from kernelloop.sandbox.replay import kernels_from_source
-from kernelloop.sandbox.static_check import static_check
+from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.sandbox.worker import load_module
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -30,7 +30,7 @@ from kernelloop.agent.proposers.prompts import bare_code
 from kernelloop.history import History
 from kernelloop.kernels.ops import OPS, baseline_source, get_op
 from kernelloop.kernels.registry import Registry
-from kernelloop.sandbox.static_check import static_check
+from kernelloop.kernels.candidate.static_check import static_check
 from tests.fake_openai import FakeOpenAI
 
 ROOT = Path(__file__).parents[1]

@@ -14,7 +14,7 @@ import json
 from typing import Any, Iterable
 
 from kernelloop.kernels.ops import get_op
-from kernelloop.sandbox.static_check import ALLOWED_IMPORTS
+from kernelloop.kernels.candidate.static_check import ALLOWED_IMPORTS
 
 MAX_FAILURES_SHOWN = 4     # earlier failed attempts from history quoted in the task
 MAX_SHAPES_SHOWN = 8

@@ -1,0 +1,7 @@
+"""What a candidate module is allowed to be, and how one is loaded: shared by the sandbox that judges
+candidates and the registry loader that serves them, so the code that runs in the engine is loaded
+exactly as the code that was judged.
+
+- `static_check.py`: the static rules a candidate's source must pass (standard library only).
+- `guarded_builtins.py`: the builtins a candidate module runs with (import allowlist, inert logging).
+"""

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import KernelloopError
 
 from kernelloop.agent.commands import check, daemon, history, ops, pr, profile, registry, report, tune, verify
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except KernelloopError as exc:
-        print(f"agent {args.command}: {exc}", file=sys.stderr)
+        print(f"agent {args.command}: {safe_text(exc)}", file=sys.stderr)  # may name a candidate's file
         return 2
     except KeyboardInterrupt:
         print(f"agent {args.command}: interrupted", file=sys.stderr)

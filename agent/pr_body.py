@@ -1,5 +1,6 @@
 """The text of `agent pr`: the branch name, the title and the PR body (benchmark table, provenance,
-how to roll back)."""
+how to roll back). Every field taken from the registry is display-safe (kernels/display.py): no
+control or bidi character reaches the PR."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from kernelloop.agent.pr_github import one_line
+from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.registry.entry import Entry
 from kernelloop.kernels.registry.manifest import MANIFEST_NAME
 
@@ -25,13 +27,13 @@ def branch_name(entries: list[Entry], now: datetime | None = None) -> str:
 def title_for(entries: list[Entry]) -> str:
     ops = sorted({e.op for e in entries})
     n = len(entries)
-    return f"kernelloop: {n} kernel{'' if n == 1 else 's'} for {', '.join(ops)}"
+    return safe_text(f"kernelloop: {n} kernel{'' if n == 1 else 's'} for {', '.join(ops)}")
 
 
 def _cell(value: Any) -> str:
     if value is None or value == "":
         return "—"
-    return one_line(value).replace("|", "\\|")
+    return safe_text(one_line(value)).replace("|", "\\|")
 
 
 def _seconds(value: Any) -> str:
@@ -110,4 +112,4 @@ def render_body(new: list[Entry], snapshot: Snapshot, timings: dict[str, dict[st
         "for a merge commit); the registry itself is changed only by `agent registry rollback`.",
         "",
     ]
-    return "\n".join(lines)
+    return safe_text("\n".join(lines), multiline=True)

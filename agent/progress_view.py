@@ -7,7 +7,8 @@ task: battery trials, timing rounds against the candidate's deadline, profile re
 rounds), and every plain message is printed above the bars as a line, after the bars of the step
 before are cleared (a plain message marks a new step of the run, so no bar is left stale). A Step
 with `log` set is kept as a line as well. Anywhere else (a pipe, CI, tests) every message, Steps
-included, is one plain line through `emit`, exactly the text the emitter wrote.
+included, is one plain line through `emit`, exactly the text the emitter wrote, with control
+characters (a candidate's escape sequences quoted in a reason) made visible (kernels/display.py).
 
 The bars go to stderr; stdout is redirected through the display only when it is the terminal too,
 so `--json` output into a pipe or file is never touched. NO_COLOR is honoured by rich itself.
@@ -29,6 +30,7 @@ from rich.progress import Progress as Bars
 from rich.table import Column
 from rich.text import Text
 
+from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.progress import Step
 
 REFRESH_PER_SECOND = 4  # the elapsed and time-left columns tick; a 2-core box has better uses for its CPU
@@ -124,18 +126,18 @@ class ProgressView:
     def __call__(self, message: str) -> None:
         bars = self._bars
         if bars is None:
-            self.emit(message)
+            self.emit(safe_text(message, multiline=True))  # a Step stays one unless it had to be escaped
             return
         if isinstance(message, Step):
             self._move(bars, message)
             if message.log:
-                self.emit(str(message))
+                self.emit(safe_text(str(message), multiline=True))
             return
         self._clear(bars)
-        self.emit(message)
+        self.emit(safe_text(message, multiline=True))
 
     def _move(self, bars: Bars, step: Step) -> None:
-        fields = {"deadline": step.deadline, "detail": step.detail}
+        fields = {"deadline": step.deadline, "detail": safe_text(step.detail)}
         with self._lock:
             task, done = self._tasks.get(step.task, (None, 0))
             if task is None:

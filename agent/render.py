@@ -1,8 +1,12 @@
-"""Output for people (rich tables on stdout) and for programs (one JSON document)."""
+"""Output for people (rich tables on stdout) and for programs (one JSON document).
+
+Every cell, title and warning is display-safe (kernels/display.py: a candidate's escape sequences are
+shown, never acted on); JSON escapes every control and non-ASCII code point by itself."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from typing import Any, Sequence
@@ -11,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.progress import Progress, Step, prefixed, takes_every_step
 
 console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
@@ -21,17 +26,25 @@ def print_json(data: Any) -> None:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    table = Table(title=escape(title), title_justify="left")
+    table = Table(title=escape(safe_text(title)), title_justify="left")
     for col in columns:
-        table.add_column(escape(col), overflow="fold")
+        table.add_column(escape(safe_text(col)), overflow="fold")
     for row in rows:
-        table.add_row(*(escape(str(v)) for v in row))
+        table.add_row(*(escape(safe_text(v)) for v in row))
     console.print(table)
+
+
+class SafeFormatter(logging.Formatter):
+    """A log line (the daemon's, quoting verdict reasons) with control characters made visible;
+    tracebacks keep their newlines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_text(super().format(record), multiline=True)
 
 
 def warn(message: str) -> None:
     """One line on stderr, for what a person should know but that does not stop the command."""
-    sys.stderr.write(f"warning: {message}\n")
+    sys.stderr.write(f"warning: {safe_text(message)}\n")
 
 
 def throttled(emit: Progress, every_s: float = 5.0, prefix: str = "") -> Progress:

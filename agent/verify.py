@@ -19,6 +19,7 @@ from kernelloop.kernels.registry import Registry
 from kernelloop.kernels.registry.entry import ANY_BUCKET, Entry
 from kernelloop.kernels.spec import shape_in_bucket
 from kernelloop.sandbox import CheckOptions, Sandbox, Verdict
+from kernelloop.sandbox.verdict import judge_or_refuse
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def verify_registry(registry: Registry, history: History, device: str, *, rollba
                                min_gain=0.0, timeout_s=timeout_s)
         progress(f"verifying {entry.id} ({entry.op} {entry.dtype} [{entry.bucket}])")
         with Sandbox(options) as sandbox:
-            verdict = sandbox.judge_source(entry.op, registry.source(entry), entry.id)
+            verdict = judge_or_refuse(sandbox, entry.op, registry.source(entry), entry.id)
         ok = bool(verdict.accepted)
         rolled_back = False
         if not ok and rollback:

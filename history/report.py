@@ -17,6 +17,7 @@ from kernelloop.history.charts import INTERPRETER, format_pct
 from kernelloop.history.db import now_iso
 from kernelloop.history.queries import attempt_time, outcome
 from kernelloop.history.store import History
+from kernelloop.kernels.display import safe_text
 
 REPORT_NAME = "kernelloop-report.html"
 NO_DATA = '<p class="empty">no data yet</p>'
@@ -74,7 +75,8 @@ def collect(hist: History | None, source: str = "") -> ReportData:
 
 
 def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
+    """HTML-escaped and display-safe: a candidate's control and bidi characters are shown, not obeyed."""
+    return html.escape(safe_text("" if value is None else value))
 
 
 def _num(value: Any, fmt: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 import torch
 
+from kernelloop.kernels.display import safe_text
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.forkserver import ForkServer, start_fresh
 from kernelloop.sandbox.messages import Call, Done, Error, Facts, Go, Job, Record, Result, Stage, ToChild, parse
@@ -222,7 +223,8 @@ class Child:
         return f"exit status {code}"
 
     def log_tail(self) -> str:
-        return read_log_tail(self.log_fd)
+        """The candidate's last output, display-safe (its escape sequences never reach a terminal)."""
+        return safe_text(read_log_tail(self.log_fd), multiline=True)
 
     def close(self) -> None:
         if self.closed:

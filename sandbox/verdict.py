@@ -1,6 +1,8 @@
 """The verdict: the sandbox's answer about one candidate, and its JSON form (a contract, DESIGN.md).
 
-`failure` is a stable code a program can act on; `reason` is one line a person can act on.
+`failure` is a stable code a program can act on; `reason` is one line a person can act on. Both
+`reason` and `log_tail` may quote the candidate (its exception, its output), so they hold
+display-safe text (kernels/display.py): no control character reaches a terminal, a PR or a prompt.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from kernelloop.kernels.display import safe_text
 
 # Codes of `Verdict.failure`, in the order a run can reach them.
 FAILURES = (
@@ -70,7 +74,7 @@ class Verdict:
     def fail(self, failure: str, reason: str) -> "Verdict":
         assert failure in FAILURES, failure
         if self.failure is None:  # the first failure is the verdict's
-            self.failure, self.reason = failure, reason.splitlines()[0] if reason else failure
+            self.failure, self.reason = failure, safe_text(reason.splitlines()[0]) if reason else failure
             self.accepted = False
             if failure not in CORRECT_FAILURES:
                 self.correct = False
@@ -81,3 +85,22 @@ class Verdict:
 
     def json_line(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"))
+
+
+def judge_or_refuse(sandbox: Any, op: str, source: str, filename: str) -> Verdict:
+    """`sandbox.judge_source(op, source, filename)`, total: an exception the candidate's text made the
+    judge raise (a parse that recursed too deep or ran out of memory, text that does not encode) becomes
+    a `static` verdict, so `agent check` prints it, and a tune run records it and goes on (also after a
+    resume). Failures of the machine (OSError, KernelloopError: no confinement, a broken registry) still
+    raise: they are not the candidate's, and recording them would condemn it."""
+    from kernelloop.kernels.display import storable_text
+    from kernelloop.kernels.errors import KernelloopError
+    from kernelloop.kernels.registry.entry import sha256_text
+
+    try:
+        return sandbox.judge_source(op, source, filename)
+    except (KernelloopError, OSError):
+        raise
+    except Exception as exc:  # noqa: BLE001  (whatever the candidate's text made the judge do)
+        v = Verdict(op=op, device=sandbox.fingerprint, file=filename, sha256=sha256_text(storable_text(source)))
+        return v.fail("static", f"the judge could not check this module ({type(exc).__name__}: {str(exc)[:200]})")

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from kernelloop.kernels.candidate.guarded_builtins import candidate_builtins
+from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork server before any fork)
 from kernelloop.kernels.spec import parse_dtype
 from kernelloop.kernels.timing import l2_flusher
@@ -51,8 +52,12 @@ _prewarm()
 
 
 def one_line(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-    return (text[-1] if text else type(exc).__name__)[:500]
+    """The exception as one display-safe line, its type first: a message's line breaks, carriage returns
+    and escape sequences are shown as escapes (kernels/display.py), never allowed to hide the type."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if isinstance(exc, SyntaxError):  # file, line and caret first: its last line is "SyntaxError: msg"
+        text = text.splitlines()[-1] if text else ""
+    return safe_text(text or type(exc).__name__)[:500]
 
 
 def load_module(source: str, filename: str) -> tuple[Callable[..., Any], dict[str, Any]]:

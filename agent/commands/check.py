@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from kernelloop.kernels.device import resolve_device
     from kernelloop.kernels.target_compile import parse_targets
     from kernelloop.sandbox import CheckOptions, Sandbox
+    from kernelloop.sandbox.verdict import judge_or_refuse
 
     from kernelloop.agent.progress_view import ProgressView
 
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         for i, path in enumerate(files, 1):  # bars on a terminal (stderr), plain lines otherwise
             view(f"[{i}/{len(files)}] {path} ...")
             source = path.read_text(errors="replace")
-            v = sandbox.judge_source(spec.name, source, str(path))
+            v = judge_or_refuse(sandbox, spec.name, source, str(path))  # a verdict whatever the text
             if history is not None:
                 history.record_attempt(spec.name, source, "human", v.to_json(), label=path.name)
             view(f"[{i}/{len(files)}] {path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"

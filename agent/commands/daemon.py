@@ -8,6 +8,7 @@ import logging
 from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
                                                   close_proposers, gate_config, tune_settings)
 from kernelloop.agent.commands.tune import engine_target
+from kernelloop.agent.render import SafeFormatter
 from kernelloop.kernels.errors import KernelloopError
 
 log = logging.getLogger("kernelloop.daemon")
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     handlers = [StderrHandler()] + ([logging.FileHandler(args.log_file)] if args.log_file else [])  # above any bars
     for handler in handlers:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(message)s"))  # reasons quote candidates
         log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False

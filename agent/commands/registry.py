@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from kernelloop.agent.commands.common_args import add_registry_argument
 from kernelloop.agent.render import console, print_json, print_table, warn
+from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import RegistryError
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def run_show(args: argparse.Namespace) -> int:
         prov = d.pop("provenance")
         rows = [(k, v) for k, v in d.items()] + [(f"provenance.{k}", v) for k, v in prov.items()]
         print_table(f"registry entry {entry.id}", ("field", "value"), rows)
-        console.print(source, markup=False, highlight=False)
+        console.print(safe_text(source, multiline=True), markup=False, highlight=False)  # Trojan source shows
     if not intact:
         sys.stderr.write(f"error: {entry.id}'s source hashes to {actual[:12]}, not the manifest's "
                          f"{entry.sha256[:12]}: it was altered, and the engine refuses to load it (the baseline serves)\n")
@@ -106,13 +107,13 @@ def run_rollback(args: argparse.Namespace) -> int:
     reg = open_registry(args)
     reg.entries()  # a corrupt registry fails here with one clear line
     commit = reg.rollback(args.target)
-    print(f"rolled back: {commit.sha[:10]} {commit.message.splitlines()[0]}")
+    print(f"rolled back: {commit.sha[:10]} {safe_text(commit.message.splitlines()[0])}")
     if args.engine:
         from kernelloop.agent.remote import RemoteEngine
 
         changed = RemoteEngine(args.engine, timeout_s=60).reload()
         shown = "; ".join(f"{op} {where}: {old} -> {new}" for op, c in changed.items() for where, (old, new) in c.items())
-        print(f"reloaded {args.engine}: {shown or 'no kernel it serves changed'}")
+        print(f"reloaded {args.engine}: {safe_text(shown) or 'no kernel it serves changed'}")
     else:
         print("a running engine keeps serving the old kernel until it reloads: `agent registry rollback ... "
               "--engine URL`, or POST URL/kernels/reload")

@@ -22,6 +22,7 @@ from typing import Any
 from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
                                                   close_proposers, gate_config, tune_settings)
 from kernelloop.agent.render import print_json, print_table
+from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import KernelloopError
 
 # torch, the engine, the loop and the history are imported where a command runs: `agent --help` stays fast.
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         print(serving_hint(state, args, registry, model))
     if state.get("status") == "no-candidate":
         if args.json:  # the result line goes to stdout otherwise
-            print(f"agent tune: {state.get('reason')}", file=sys.stderr)
+            print(f"agent tune: {safe_text(state.get('reason'))}", file=sys.stderr)
         return 1
     return 0
 
@@ -152,5 +153,5 @@ def show(state: dict[str, Any], as_json: bool) -> None:
         f", {unjudged} answers not judged" if unjudged else "")
     print_table(title, ("candidate", "proposer", "verdict", "speedup", "reason"), rows)
     committed = state.get("committed")
-    print(f"result: {state.get('status')}: {state.get('reason')}"
+    print(f"result: {state.get('status')}: {safe_text(state.get('reason'))}"
           + (f" (registry entry {committed['entry_id']})" if committed and state.get("status") == "winner" else ""))

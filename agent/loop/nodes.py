@@ -15,6 +15,7 @@ them go back to their proposer as feedback. A run whose proposers never produced
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any
 
 from kernelloop.agent.gate import GateResult, alternate_speed, judge, summary
@@ -24,11 +25,12 @@ from kernelloop.agent.loop.target import choose_target, op_shapes
 from kernelloop.agent.proposers.base import Proposal, TuneContext, check_proposers
 from kernelloop.agent.proposers.feedback import PROPOSAL_FAILURES, PROPOSAL_STAGE, proposal_verdict
 from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.display import storable_text
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import Provenance, sha256_text
 from kernelloop.profiler.workload import agent_workload
 from kernelloop.sandbox import CheckOptions
-from kernelloop.sandbox.verdict import CORRECT_FAILURES
+from kernelloop.sandbox.verdict import CORRECT_FAILURES, judge_or_refuse
 
 VERDICT_KEYS = ("correct", "accepted", "speedup", "speedup_interval", "failure", "reason", "stage", "baseline")
 
@@ -50,6 +52,12 @@ def _trim(verdict: dict[str, Any]) -> dict[str, Any]:
 
 def _judged_in_sandbox(entry: dict[str, Any]) -> bool:
     return entry["verdict"].get("stage") != PROPOSAL_STAGE
+
+
+def _storable(p: Proposal) -> Proposal:
+    """The answer as text that hashes, stores and checkpoints (an LLM's JSON may carry lone surrogates)."""
+    source, label = storable_text(p.source), storable_text(p.label)
+    return p if (source, label) == (p.source, p.label) else replace(p, source=source, label=label)
 
 
 def _display(name: str) -> str:
@@ -115,6 +123,7 @@ class Nodes:
             feedback = [(Proposal(j["source"], j["proposer"], j["label"]), j["verdict"])
                         for j in state["judged"] if j["proposer"] == name]
             for p in proposer.propose(tctx, feedback, self.settings.candidates):
+                p = _storable(p)
                 sha = sha256_text(p.source)
                 cid = ctx.history.find_candidate(state["run_id"], sha)
                 first = next((q for q in state["judged"] + pending + answered
@@ -126,7 +135,7 @@ class Nodes:
                 pending.append({"candidate_id": cid, "sha256": sha, "source": p.source, "proposer": p.proposer,
                                 "label": p.label})
             for p, verdict in proposer.rejected:
-                answered.append(self._record(state, p, verdict))
+                answered.append(self._record(state, _storable(p), verdict))
             if proposer.last_error:
                 errors[name] = proposer.last_error
                 ctx.progress(f"{_display(name)} proposer: {proposer.last_error}")
@@ -180,7 +189,7 @@ class Nodes:
                                    **({"timeout_s": self.settings.sandbox_timeout_s}
                                       if self.settings.sandbox_timeout_s else {}))
             ctx.progress(f"checking {item['label']}")
-            v = ctx.sandbox(options).judge_source(state["op"], item["source"], item["label"])
+            v = judge_or_refuse(ctx.sandbox(options), state["op"], item["source"], item["label"])  # recorded, never raised
             verdict = v.to_json()
             ctx.history.record_verdict(item["candidate_id"], verdict)
         trimmed = _trim(verdict)

@@ -1,5 +1,6 @@
 """What the LLM is told about its previous answers: the sandbox's verdict (or a proposal verdict for an
-answer that never reached the sandbox) as the next user turn, with a hint per failure code."""
+answer that never reached the sandbox) as the next user turn, with a hint per failure code. What the
+candidate wrote into the verdict (its reason, its output) is quoted display-safe (kernels/display.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from kernelloop.agent.proposers.prompts import gb_per_s
 from kernelloop.history.queries import PROPOSAL_STAGE
+from kernelloop.kernels.display import safe_text
 from kernelloop.sandbox.verdict import CORRECT_FAILURES
 
 MAX_LOG_CHARS = 600        # of a verdict's log_tail quoted back (load errors, tracebacks)
@@ -96,7 +98,7 @@ def timing_text(verdict: dict) -> str:
 def feedback_text(verdict: dict) -> str:
     """What the sandbox said about one candidate, as the next user turn of the conversation."""
     failure = verdict.get("failure")
-    reason = str(verdict.get("reason") or "").strip()
+    reason = safe_text(verdict.get("reason") or "").strip()
     lines: list[str] = []
     if failure is None and verdict.get("accepted"):
         lines.append(f"Accepted: {reason}" if reason else "Accepted.")
@@ -119,7 +121,7 @@ def feedback_text(verdict: dict) -> str:
     else:
         lines.append(f"Not accepted: {reason}" if reason else "Not accepted.")
     if failure in ("load", "raised", "crash") and verdict.get("log_tail"):
-        tail = str(verdict["log_tail"]).strip()[-MAX_LOG_CHARS:]
+        tail = safe_text(verdict["log_tail"], multiline=True).strip()[-MAX_LOG_CHARS:]
         lines.append("Last output of the candidate's process:\n```\n" + tail + "\n```")
     timing = timing_text(verdict)
     if timing:

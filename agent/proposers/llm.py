@@ -97,6 +97,8 @@ def _parses(code: str) -> str | None:
         return f"line {exc.lineno}: {exc.msg}"
     except ValueError as exc:  # null bytes
         return str(exc)
+    except (RecursionError, MemoryError) as exc:  # nesting too deep for the parser: not a usable module
+        return f"the parser gave up ({type(exc).__name__})"
     return None
 
 

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.candidate.static_check import ALLOWED_IMPORTS
+from kernelloop.kernels.display import safe_text
 
 MAX_FAILURES_SHOWN = 4     # earlier failed attempts from history quoted in the task
 MAX_SHAPES_SHOWN = 8
@@ -132,7 +133,7 @@ def failures_text(failures: Iterable[dict]) -> str:
     seen: set[tuple[str, str]] = set()
     picked: list[tuple[str, str]] = []
     for f in reversed(list(failures)):
-        key = (str(f.get("failure") or "?"), str(f.get("reason") or "").strip())
+        key = (safe_text(f.get("failure") or "?"), safe_text(f.get("reason") or "").strip())
         if key in seen:
             continue
         seen.add(key)
@@ -171,7 +172,7 @@ def bare_code(source: str) -> str:
     """Python source without comments and docstrings (unparsable text comes back unchanged)."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return source
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -179,7 +180,10 @@ def bare_code(source: str) -> str:
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree) + "\n"
+    try:
+        return ast.unparse(tree) + "\n"
+    except RecursionError:  # parsed, but nested deeper than unparse's Python recursion allows
+        return source
 
 
 def compact_task_prompt(ctx: Any) -> str:

@@ -25,6 +25,10 @@ specific members of `triton.runtime.interpreter` (Triton 3.x; checked by name an
   `ReduceOps.min_max` (max/min/argmax/argmin) compares bf16 by value; `ScanOps.cumsum/cumprod`
   (bf16, fp16) round every step.
 
+* `@triton.autotune` with several configs (Triton times them with the GPU driver's benchmarker): a
+  config is chosen without timing, deterministically, and the sandbox can pin one per call
+  (kernels/interpreter_autotune.py).
+
 Still different from compiled Triton (documented in docs/interpreter.md):
 * tl.dot: fp32 inputs under tf32x3/bf16x3/bf16x6 are multiplied in full fp32 (a GPU's split
   products come within a few fp32 ulps), accumulation order is BLAS's, fp8 dots go through fp16,
@@ -50,6 +54,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kernelloop.kernels.interpreter_autotune import replacements as autotune_replacements
 from kernelloop.kernels.interpreter_libdevice import extern_elementwise
 from kernelloop.kernels.interpreter_speed import cached_builtins
 
@@ -166,7 +171,7 @@ def _low(handle: Any) -> tuple[Callable, Callable] | None:
 
 def _replacements(interp: Any, tl: Any, cuda_lib: Any, generic_lib: Any) -> list[tuple[Any, str, Any]]:
     return _bf16_builder(interp, tl) + _bf16_reductions(interp, tl) + _launch(interp, tl, cuda_lib, generic_lib) \
-        + cached_builtins(interp, tl)
+        + cached_builtins(interp, tl) + autotune_replacements()
 
 
 def _bf16_builder(interp: Any, tl: Any) -> list[tuple[Any, str, Any]]:

@@ -135,6 +135,7 @@ class Child:
         self.isolation: dict[str, str] = {}  # its "ready" message's, once received
         self.closed = False
         self._go_at = 0.0
+        self.last_config: int | None = None  # the config slot of the last call sent
 
     def _check_memory(self) -> None:
         if rss_bytes(session_members(self.pid) or [self.pid]) > self.memory_bytes:
@@ -163,11 +164,13 @@ class Child:
 
     # -- a runner -------------------------------------------------------------------------------
 
-    def send_call(self, args: tuple) -> None:
-        """Start one `forward` call; `receive_result` collects it (the judge can work meanwhile)."""
+    def send_call(self, args: tuple, config: int | None = None) -> None:
+        """Start one `forward` call; `receive_result` collects it (the judge can work meanwhile). `config`
+        pins the autotuned kernels' config slot for the call (None: the device's own choice)."""
         encoded, tensors = _encode_args(args)
-        self._sent_at, self._n_inputs = time.monotonic(), len(tensors)
-        self.send(Call(type="call", args=encoded), tensors)
+        self._sent_at, self._n_inputs, self.last_config = time.monotonic(), len(tensors), config
+        self.send(Call(type="call", args=encoded) if config is None else Call(type="call", args=encoded, config=config),
+                  tensors)
 
     def receive_result(self, limit: int) -> tuple[list, Facts, Record, list]:
         """(outputs, facts, record, inputs afterwards). `limit`: bytes of tensors the answer may carry."""
@@ -181,8 +184,8 @@ class Child:
         self.busy_s += time.monotonic() - self._sent_at
         return got[:n], header["facts"], header["record"], got[n:]
 
-    def call(self, args: tuple, limit: int) -> tuple[list, Facts, Record, list]:
-        self.send_call(args)
+    def call(self, args: tuple, limit: int, config: int | None = None) -> tuple[list, Facts, Record, list]:
+        self.send_call(args, config)
         return self.receive_result(limit)
 
     # -- a replayer -----------------------------------------------------------------------------

@@ -48,10 +48,13 @@ class Job(TypedDict):
 
 
 class Call(TypedDict):
-    """One `forward(*args)`: a tensor argument is {"tensor": i}, the i-th tensor of the message."""
+    """One `forward(*args)`: a tensor argument is {"tensor": i}, the i-th tensor of the message.
+    `config`: the slot that pins every autotuned kernel's config for this call (kernels/interpreter_autotune.py);
+    absent: the device's own choice, as the engine makes it."""
 
     type: Literal["call"]
     args: list[Any]
+    config: NotRequired[int]
 
 
 class Go(TypedDict):

@@ -190,7 +190,7 @@ class Sandbox(ABTiming):
 
     def _same_again(self, v: Verdict, runner: Child, trial: _Trial, args: tuple) -> bool:
         """Call forward a second time on the same inputs: the bits must not change."""
-        second, facts, _, _ = runner.call(args, trial.limit)
+        second, facts, _, _ = runner.call(args, trial.limit, runner.last_config)  # the same autotune config
         if not judging.runtime_failure(v, facts, trial.where) and not (
                 len(second) == len(trial.outputs) and all(judging.same_bits(a, b) for a, b in zip(second, trial.outputs))):
             v.fail("nondeterministic", f"{trial.where}: two calls on the same inputs gave different bits")
@@ -250,12 +250,15 @@ class Sandbox(ABTiming):
         check = CompileCheck(spec, self.compile_for, plan)  # does nothing without --compile-for
         # Pipelined: trial i is replayed while the runner computes trial i+1 (and the judge its reference).
         trials, pending = plan["trials"], None
+        # Autotuned kernels: trial i pins config slot base + i, so the battery goes round every config from
+        # an offset the candidate cannot know; timing (no slot) uses the device's own choice, as the engine.
+        base = trials[0]["seed"] % 65521 if trials else 0
         for i, trial in enumerate(trials):
             where = judging.label(trial["shape"], trial["dtype"], trial["variant"])
             self._phase = f"trial {i + 1}/{len(trials)} ({where})"
             self.progress(Step(self._phase, "sandbox battery", i + 1, len(trials), self._deadline, where))
             args = trial_inputs(spec, trial["shape"], trial["dtype"], trial["seed"], trial["variant"])
-            runner.send_call(args)
+            runner.send_call(args, config=base + i)
             expected = spec.reference(*args)
             if pending is not None and self._replay_outcome(v, replayer, pending) is None:
                 return

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from kernelloop.kernels.candidate.guarded_builtins import candidate_builtins
+from kernelloop.kernels import interpreter_autotune
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork server before any fork)
 from kernelloop.kernels.spec import parse_dtype
@@ -191,6 +192,7 @@ def serve_calls(chan: wire.Channel, job: Job) -> None:
             chan.send(capture.answer(forward, spec, header))
             continue
         args = _decode_args(header, tensors, device)
+        interpreter_autotune.pin(header.get("config"))  # this call's autotune config slot (None: the device's choice)
         out, facts, record = _call(forward, args, state, device)
         outs = out if isinstance(out, tuple) else (out,)
         sent: list[torch.Tensor] = []

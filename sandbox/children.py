@@ -25,6 +25,7 @@ import torch
 
 from kernelloop.kernels.display import safe_text
 from kernelloop.sandbox import wire
+from kernelloop.sandbox.guards import memory_refused
 from kernelloop.sandbox.forkserver import ForkServer, start_fresh
 from kernelloop.sandbox.messages import Call, Done, Error, Facts, Go, Job, Record, Result, Stage, ToChild, parse
 
@@ -45,10 +46,13 @@ class Refused(Exception):
 
 
 def refusal(header: Error) -> Refused:
-    """The verdict an "error" message stands for."""
+    """The verdict an "error" message stands for (an allocation the memory limit refused is `memory`)."""
     if header["violations"]:
         return Refused("sandbox-violation", str(header["violations"][0])[:300])
-    return Refused("crash", f"the sandboxed process failed: {str(header['error'])[:300]}")
+    error = str(header["error"])
+    if memory_refused(error):
+        return Refused("memory", f"the sandboxed process ran out of its memory limit: {error[:300]}")
+    return Refused("crash", f"the sandboxed process failed: {error[:300]}")
 
 
 def _encode_args(args: tuple) -> tuple[list, list]:

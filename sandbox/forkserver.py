@@ -24,6 +24,7 @@ import os
 import socket
 import struct
 import subprocess
+import time
 from typing import TYPE_CHECKING, Any
 
 from kernelloop import IMPORT_ROOT
@@ -117,6 +118,16 @@ class ForkServer:
         finally:
             if self._sock is sock:
                 sock.settimeout(None)
+
+    def boot(self) -> float:
+        """Start the server unless it runs, and wait until it answers (torch, triton and the op library
+        imported): the seconds that took, 0.0 when it was up. The judge calls it before a candidate's
+        clock starts, so a slow or busy machine's start-up never counts against a candidate."""
+        if self._proc is not None and self._proc.poll() is None:
+            return 0.0
+        started = time.monotonic()
+        self._request({"op": "wait", "pid": os.getpid()}, timeout=120.0)  # the judge is never its child: answered at once
+        return time.monotonic() - started
 
     def start(self, job: Job, chan_fd: int, log_fd: int) -> int:
         reply: StartReply | None = self._request({"op": "start", "job": job}, [chan_fd, log_fd], timeout=60.0)

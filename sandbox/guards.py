@@ -25,23 +25,19 @@ ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"
 
 
 def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dict[str, str]:
-    """Limits, environment and working directory (after sandbox.confine); returns facts for the verdict."""
+    """Limits, environment and working directory (after sandbox.confine); returns facts for the verdict.
+    On CUDA the memory limit comes later (`limit_memory`, once the CUDA context exists)."""
     facts = {}
-    limits = {
+    _set_limits({
         resource.RLIMIT_NPROC: _user_tasks() + 64,  # counts threads of every process of the user; root is exempt
         resource.RLIMIT_CPU: cpu_seconds,
         resource.RLIMIT_NOFILE: 256,
         resource.RLIMIT_FSIZE: 256 << 20,
         resource.RLIMIT_CORE: 0,
-    }
-    if device == "cpu":  # CUDA reserves huge address ranges: there the parent watches RSS instead
-        limits[resource.RLIMIT_AS] = _address_space_bytes() + (memory_mb << 20)
-    for which, value in limits.items():
-        soft, hard = resource.getrlimit(which)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (value, value))
-    facts["limits"] = (f"cpu {cpu_seconds}s, 256 files, 256 MiB files, processes/threads +64, "
-                       + (f"address space +{memory_mb} MiB" if device == "cpu" else f"RSS {memory_mb} MiB (judge)"))
+    })
+    memory = limit_memory(memory_mb) if device == "cpu" else (
+        f"private memory +{memory_mb} MiB from the CUDA warm-up on; RSS {memory_mb} MiB (judge)")
+    facts["limits"] = f"cpu {cpu_seconds}s, 256 files, 256 MiB files, processes/threads +64, {memory}"
     keep = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
     os.environ.clear()
     os.environ.update(keep)
@@ -50,6 +46,32 @@ def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dic
     os.chdir(scratch)
     facts["filesystem"] = f"writes only under {scratch}"
     return facts
+
+
+def limit_memory(memory_mb: int, address_space: bool = True) -> str:
+    """Cap what this process can still allocate at `memory_mb` more than it holds now, where the allocation
+    happens: an mmap or brk past the limit fails at once (MemoryError, torch's "can't allocate memory"),
+    however fast or slowly the pages would have been touched. RLIMIT_DATA counts private writable memory
+    (heap, anonymous mappings: Python objects, numpy arrays, CPU tensors); RLIMIT_AS, on CPU, every
+    mapping (CUDA reserves huge address ranges, so not there). Soft and hard limits are equal, so the
+    process cannot raise them: that needs CAP_SYS_RESOURCE in the initial user namespace, which no
+    sandboxed process has (and the audit hook refuses resource.setrlimit/prlimit besides). The judge still
+    polls the session's resident memory: the second layer (shared mappings, other processes).
+    Returns the fact for the verdict."""
+    status = _vm_status()
+    limits = {resource.RLIMIT_DATA: status.get("VmData", 0) + (memory_mb << 20)}
+    if address_space:
+        limits[resource.RLIMIT_AS] = status.get("VmSize", 0) + (memory_mb << 20)
+    _set_limits(limits)
+    return f"private memory{' and address space' if address_space else ''} +{memory_mb} MiB (hard limits)"
+
+
+def _set_limits(limits: dict[int, int]) -> None:
+    """Soft = hard = value (never above a hard limit already set): a limit the process cannot raise."""
+    for which, value in limits.items():
+        soft, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
 
 
 def _user_tasks() -> int:
@@ -65,11 +87,34 @@ def _user_tasks() -> int:
     return count
 
 
-def _address_space_bytes() -> int:
+def _vm_status() -> dict[str, int]:
+    """This process's Vm* figures from /proc/self/status, in bytes."""
+    figures = {}
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmSize:"):
-            return int(line.split()[1]) * 1024
-    return 0
+        if line.startswith("Vm") and line.endswith("kB"):
+            name, value = line.split(":", 1)
+            figures[name] = int(value.split()[0]) * 1024
+    return figures
+
+
+def out_of_memory(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it came from, is an allocation the memory limit refused."""
+    seen = 0
+    while exc is not None and seen < 16:
+        try:
+            text = str(exc)
+        except Exception:  # noqa: BLE001  (a candidate's exception whose __str__ raises)
+            text = ""
+        if isinstance(exc, MemoryError) or memory_refused(text):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def memory_refused(text: str) -> bool:
+    """Whether an error's text says an allocation was refused (Python, torch's allocator, errno ENOMEM)."""
+    return text.startswith("MemoryError") or any(
+        s in text for s in ("can't allocate memory", "Cannot allocate memory", "out of memory", "MemoryError:"))
 
 
 def redirect_output(log_path: Path) -> None:

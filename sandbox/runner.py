@@ -43,6 +43,7 @@ from kernelloop.sandbox.children import Child, MemoryExceeded, Refused
 from kernelloop.sandbox.compile_check import CompileCheck, compile_setup
 from kernelloop.sandbox.executables import cuda_executables
 from kernelloop.sandbox.forkserver import ForkServer
+from kernelloop.sandbox.guards import memory_refused
 from kernelloop.sandbox.messages import Job, Load, Plan, Record
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
@@ -118,6 +119,8 @@ class Sandbox(ABTiming):
                 v.duration_s = round(time.monotonic() - start, 3)
                 return v
         v.stage = "load"
+        if self.server is not None:  # the fork server's start-up is the judge's time, never the candidate's
+            start += self.server.boot()
         plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
         self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
         work = Path(tempfile.mkdtemp(prefix="kernelloop-sandbox-"))
@@ -238,6 +241,8 @@ class Sandbox(ABTiming):
         v.isolation = runner.isolation
         if load["violations"]:
             v.fail("sandbox-violation", f"while importing: {str(load['violations'][0])[:300]}")
+        elif not load["ok"] and memory_refused(str(load["error"])):  # an allocation the limit refused
+            v.fail("memory", f"importing the candidate ran out of its memory limit: {str(load['error'])[:300]}")
         elif not load["ok"]:
             v.fail("load", f"importing the candidate failed: {str(load['error'])[:300]}")
         if v.failure:

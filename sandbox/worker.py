@@ -153,8 +153,7 @@ def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], devic
             torch.cuda.synchronize()
     except BaseException as exc:  # SystemExit / KeyboardInterrupt from a candidate is its failure too
         facts["error"] = one_line(exc)
-        facts["memory"] = isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) \
-            or "out of memory" in str(exc)
+        facts["memory"] = guards.out_of_memory(exc)  # refused by the memory limit, whatever the message says
         out = None
     finally:
         state["recorder"] = None
@@ -175,6 +174,8 @@ def serve_calls(chan: wire.Channel, job: Job) -> None:
     # Warm the interpreter and the dispatch path with the op's own kernel before any candidate code.
     _call(spec.forward, spec.make_inputs(spec.test_shapes[0], parse_dtype("float32"), 0, device), state, device)
     _no_more_threads(job)
+    if device == "cuda":  # now that the CUDA context holds its own memory (the limit is set before any candidate)
+        guards.limit_memory(job["memory_mb"], address_space=False)
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     if job.get("source") is None:
         forward, constants = spec.forward, {}

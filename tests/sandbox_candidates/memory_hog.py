@@ -1,7 +1,10 @@
 """Exploit (or a leak): grab host memory 50 MB at a time, forever (pages are written, so they are
-really resident). The sandbox must stop it at its memory limit.
+really resident). The sandbox must stop it at its memory limit: the allocation past the limit is refused
+(a hard RLIMIT_DATA/RLIMIT_AS), so the verdict is `memory` however slowly the pages are written, as long
+as the allowance is reached within the deadline (256 MiB: under 3 s even at 100 MB/s).
 """
 # expect: static=memory runtime=memory
+# memory-mb: 256
 
 from __future__ import annotations
 

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from kernelloop.history import History
     from kernelloop.kernels import get_op
     from kernelloop.kernels.device import resolve_device
+    from kernelloop.kernels.spec import parse_dtype
     from kernelloop.kernels.target_compile import parse_targets
     from kernelloop.sandbox import CheckOptions, Sandbox
     from kernelloop.sandbox.verdict import judge_or_refuse
@@ -88,12 +89,15 @@ def run(args: argparse.Namespace) -> int:
     except KernelloopError as exc:
         raise KernelloopError(f"--compile-for: {exc}") from None
     files = candidate_files(args.paths)
+    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else ()
+    for name in dtypes:
+        parse_dtype(name)  # a usage error (one line, exit 2), never a verdict
     shapes = _shapes(args.shapes)
     for shape in shapes:
         if set(shape) != set(spec.test_shapes[0]):
             raise KernelloopError(f"--shapes: {spec.name} shapes have keys {sorted(spec.test_shapes[0])}, got {sorted(shape)}")
     options = CheckOptions(
-        device=device, registry=args.registry, dtypes=tuple(args.dtypes.split(",")) if args.dtypes else (),
+        device=device, registry=args.registry, dtypes=dtypes,
         shapes=shapes, timing=not args.no_timing, min_gain=args.min_gain, timeout_s=args.timeout,
         memory_mb=args.memory_mb, seed=args.seed, fork_server=not args.fresh_interpreter,
         unconfined=args.unconfined, compile_for=compile_for)

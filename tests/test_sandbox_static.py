@@ -31,7 +31,6 @@ from tests.sandbox_support import ARGS, FORWARD, HEADER, check
     ("def f(m):\n    m.allclose = None", 5, "only a method's own self/cls/ctx"),
     ("torch.utils.cpp_extension.load_inline('x', '')", 4, ".cpp_extension"),
     ("s = torch.cuda.Stream()", 4, ".Stream"),
-    ("v = torch.ones(2).tolist()", 4, ".tolist"),
     ("raise SystemExit(0)", 4, "'SystemExit'"),
     ("b = __builtins__", 4, "'__builtins__'"),
 ])
@@ -74,8 +73,8 @@ GAPS = [
     ("dir", "v = dir(torch)", 4, "'dir'"),
     ("type-three-args", "K = type('K', (), {})", 4, "type(x)"),
     ("type-alias", "t = type\nK = t('K', (), {})", 4, "type(x)"),
-    ("type-attribute", "class K:\n    def f(self):\n        self.allclose = None\nk = K()\ntype(k).f(torch)", 8,
-     "type(...)"),
+    ("type-attribute", "class K:\n    def f(self):\n        return self.shape\nk = K()\ntype(k).f(torch)", 8,
+     "type(x) in a comparison"),
     ("object-getattribute", "f = object.__getattribute__(torch, 'ops')", 4, "dunder"),
     ("generator-frame", "def g():\n    yield\nf = g().gi_frame", 6, ".gi_frame"),
     ("frame-back-globals", "def h(frame):\n    return frame.f_back.f_globals", 5, ".f_back"),
@@ -106,13 +105,15 @@ GAPS = [
      6, "rebinding 'self'"),
     ("rebind-self-import", "class K:\n    def f(self):\n        import torch as self\n        self.allclose = 1", 6,
      "rebinding 'self'"),
-    ("method-through-class", "class K:\n    def f(self):\n        self.allclose = None\nK.f(torch)", 7,
+    ("method-through-class", "class K:\n    def f(self):\n        return self.shape\nK.f(torch)", 7,
      "through a class"),
+    ("method-through-class-write", "class K:\n    def f(self):\n        self.allclose = None\nK.f(torch)", 6,
+     "self is not privileged: `K` is its method K.f read through the class at line 7"),
     ("autograd-forward-direct", "class Fn(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
-     "        ctx.allclose = None\nFn.forward(torch, 1)", 8, "through a class"),
+     "        ctx.allclose = None\nFn.forward(torch, 1)", 7, "ctx is not privileged"),
     ("subclass-method-through-class", "class K:\n    def f(self):\n        self.allclose = None\nclass B(K):\n"
-     "    pass\nB.f(torch)", 9, "through a class"),
-    ("classmethod-hijack", "class K:\n    def f(self):\n        self.allclose = None\n    @classmethod\n"
+     "    pass\nB.f(torch)", 6, "(through its subclass B)"),
+    ("classmethod-hijack", "class K:\n    def f(self):\n        return self.shape\n    @classmethod\n"
      "    def g(cls):\n        cls.f(torch)", 9, "through a class"),
     ("update-wrapper", "import functools\nclass P:\n    def __init__(self):\n        self.allclose = None\n"
      "functools.update_wrapper(torch, P())", 8, ".update_wrapper"),

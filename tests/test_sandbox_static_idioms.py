@@ -32,7 +32,7 @@ def test_honest_candidates_pass(path: Path) -> None:
 @pytest.mark.parametrize("path", sorted(CANDIDATES.glob("*.py")), ids=lambda p: p.stem)
 def test_agrees_with_the_adversarial_expectations(path: Path) -> None:
     # Exploits the adversarial suite expects to be stopped later must get past the static check;
-    # those it expects to stop here (`static=static`) must not.
+    # those it expects to stop before any process starts (`static=static`) must not.
     text = path.read_text()
     if re.search(r"^# expect:\s*registry-payload", text, re.M):
         pytest.skip("a registry payload, not a candidate (it never meets the static check)")
@@ -41,8 +41,11 @@ def test_agrees_with_the_adversarial_expectations(path: Path) -> None:
     result = static_check(text, get_op(op.group(1) if op else "rmsnorm").arg_names)
     if expect is None or "static" not in expect.group(1).split("|"):
         assert result.ok, result.reason
-    elif expect.group(1) == "static":
-        assert not result.ok
+    elif expect.group(1) == "static" and result.ok:
+        # the judge's other check before any process starts: the text that runs (kernels/candidate/canonical.py)
+        from kernelloop.kernels.candidate.canonical import canonical_problem
+
+        assert canonical_problem(text) is not None
 
 
 def test_logging_and_contextlib_are_allowed_imports() -> None:
@@ -50,7 +53,7 @@ def test_logging_and_contextlib_are_allowed_imports() -> None:
 
 
 @pytest.mark.parametrize("body", [
-    "class K:\n    def f(self):\n        return self._cache\n",
+    "class K:\n    def __init__(self):\n        self._cache = {}\n    def f(self):\n        return self._cache\n",
     "import logging\nlogger = logging.getLogger(__name__)\nlogger.info('n=%d', 3)\nlogger.debug('x')\n"
     "logger.warning('w')\n",
     "import contextlib\nfrom contextlib import contextmanager, nullcontext\nc = contextlib.nullcontext()\n",
@@ -65,9 +68,10 @@ def test_logging_and_contextlib_are_allowed_imports() -> None:
     "        case torch.float16:\n            return 2\n        case {'k': v}:\n            return v\n"
     "        case _:\n            return 0\n",
     "msg = '{} {name} {0!r:>4}'.format(1, name=2) + '{k}'.format_map({'k': 1})\n",
-    "class Cache:\n    hits = 0\n    def get(self, key):\n        self.hits += 1\n        self._last = key\n"
-    "        del self._last\n        return key\n    @classmethod\n    def reset(cls):\n        cls.hits = 0\n"
-    "    @staticmethod\n    def grid(meta):\n        return (meta['n'],)\ng = Cache.grid({'n': 1})\n",
+    "class Cache:\n    hits = 0\n    def __init__(self, key):\n        self._last = key\n        self.n: int = 0\n"
+    "    def get(self, key):\n        return self._last, self.hits\n    @classmethod\n    def make(cls):\n"
+    "        return cls(cls._last)\n    @staticmethod\n    def grid(meta):\n        return (meta['n'],)\n"
+    "g = Cache.grid({'n': 1})\nc = Cache.make()\n",
     "import enum\nclass Mode(enum.Enum):\n    A = 1\nm = Mode.A\nt = type(m) is Mode\n",
     "class Fn(torch.autograd.Function):\n    @staticmethod\n    def setup_context(ctx, inputs, output):\n"
     "        ctx.n = len(inputs)\n",

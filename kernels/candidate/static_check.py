@@ -1,9 +1,13 @@
 """Static pre-check of a candidate's source, before any process starts.
 
 A cheap first wall, not the only one: the runtime guards (sandbox/guards.py) hold by themselves.
-Imported names are checked like attributes. Attributes are written (and private ones read) only
-through a method's own first parameter: self/cls, or the ctx of an autograd Function's static
-forward/backward. The first problem found (lowest line) is reported as `line N: ...`.
+The text itself first (source_text.py: no invisible or control characters, UTF-8 only), then the
+syntax, then the rules: imported names are checked like attributes; attributes are written (and
+private ones read) only through a privileged first parameter (privilege.py: self/cls of a method
+that can only be bound to its class's instances, or an autograd Function's ctx); the module is pure
+(purity.py: no state written after import, no clock, randomness or environment). The first problem
+found (lowest line) is reported as `line N: ...`. `static_check` answers for any input: a check that
+cannot finish (nesting too deep, memory) is a refusal, never an exception.
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ import builtins
 import re
 import string
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
+
+from kernelloop.kernels.candidate.privilege import AUTOGRAD_METHODS, Owner, Privileges
+from kernelloop.kernels.candidate.purity import purity_problems, reach_problem
+from kernelloop.kernels.candidate.source_text import text_problem
+from kernelloop.kernels.candidate.tree_facts import TreeFacts, iter_depth
 
 # Module roots a candidate may import; everything else (os, sys, subprocess, socket, ctypes,
 # threading, multiprocessing, importlib, gc, time, numpy, ...) is refused.
@@ -29,9 +38,9 @@ FORBIDDEN_NAMES = frozenset({
 FORBIDDEN_ATTRIBUTES = frozenset({
     # compilers, raw memory, other streams, serialization, torch and triton internals
     "cpp_extension", "load_inline", "library", "Stream", "stream", "set_stream", "ExternalStream",
-    "numpy", "tolist", "compile", "ops", "hub", "from_file", "frombuffer", "from_numpy",
+    "numpy", "compile", "ops", "hub", "from_file", "frombuffer", "from_numpy",
     "from_dlpack", "storage", "untyped_storage", "set_", "CUDAGraph", "graph", "jiterator",
-    "cudart", "synchronize", "Event", "serialization", "driver", "build", "knobs", "compile_module_from_src",
+    "cudart", "Event", "serialization", "driver", "build", "knobs", "compile_module_from_src",
     "compile_module_from_file", "compile_so_from_src", "compile_so_from_file", "get_cache_manager",
     # modules other modules re-export (torch.os, logging.sys, triton.runtime.build.subprocess, ...)
     "os", "sys", "subprocess", "socket", "ctypes", "threading", "multiprocessing", "importlib", "builtins",
@@ -47,9 +56,11 @@ FORBIDDEN_ATTRIBUTES = frozenset({
 })
 # Dotted names refused where the root is an imported module (unpickling runs arbitrary code).
 FORBIDDEN_QUALIFIED = frozenset({"torch.load", "torch.save", "torch.jit.load", "torch.jit.save"})
-# Static methods of a torch.autograd.Function whose first parameter `ctx` may be written to.
-AUTOGRAD_METHODS = frozenset({"forward", "backward", "setup_context", "jvp", "vjp"})
+# Dunder attributes that are plain data of a module: the version strings (vLLM's version guard).
+VERSION_ATTRIBUTES = frozenset({"torch.__version__", "triton.__version__"})
 MAX_SOURCE_BYTES = 200_000
+MAX_DEPTH = 100  # syntax-tree levels; real kernels stay under 30, the checks recurse per level
+__all__ = ["ALLOWED_IMPORTS", "AUTOGRAD_METHODS", "FORBIDDEN_NAMES", "StaticResult", "static_check"]
 
 
 @dataclass(frozen=True)
@@ -73,33 +84,19 @@ def _name_problem(name: str, private_ok: bool = False) -> str | None:
     return None
 
 
-def _format_fields(text: str) -> list[str] | None:
+def _format_fields(text: str, depth: int = 0) -> list[str] | None:
     """The field names of a str.format template, nested specs included; None if it is not one."""
     fields: list[str] = []
     try:
         for _, field, spec, _ in string.Formatter().parse(text):
             if field is not None:
-                nested = _format_fields(spec or "")
+                nested = _format_fields(spec or "", depth + 1) if depth < 3 else None
                 if nested is None:
                     return None
                 fields += [field, *nested]
     except ValueError:
         return None
     return fields
-
-
-def _decorated(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
-    return any(isinstance(d, ast.Name) and d.id == name for d in fn.decorator_list)
-
-
-def _owner_param(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
-    """The first parameter of a def sitting directly in a class body, when it is self/cls/ctx-like."""
-    params = fn.args.posonlyargs + fn.args.args
-    if not params:
-        return None
-    if _decorated(fn, "staticmethod"):
-        return "ctx" if params[0].arg == "ctx" and fn.name in AUTOGRAD_METHODS else None
-    return params[0].arg
 
 
 def _bindings(body: list[ast.stmt]) -> Iterator[tuple[ast.AST, str]]:
@@ -120,22 +117,16 @@ def _bindings(body: list[ast.stmt]) -> Iterator[tuple[ast.AST, str]]:
 
 
 class _Visitor(ast.NodeVisitor):
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, facts: TreeFacts, privileges: Privileges) -> None:
         self.problems: list[tuple[int, int, int, str]] = []  # line, column, end column, message
-        self.modules: dict[str, str] = {}  # local name -> the dotted name it was imported as
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                self.modules.update((a.asname, a.name) if a.asname else (a.name.split(".")[0],) * 2 for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                self.modules.update((a.asname or a.name, f"{node.module}.{a.name}") for a in node.names)
-        # Per enclosing function: the parameter it may write to, and whether it is a classmethod's cls.
-        self.owners: list[tuple[str | None, bool]] = []
-        self.allowed_calls: set[int] = set()  # type(x) and decorator calls (`@functools.wraps(fn)`)
-        # Methods whose self/ctx could be handed a module if read through a class (`K.f(torch)`).
-        classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
-        self.classes = {c.name for c in classes}
-        defs = [f for c in classes for f in c.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        self.methods = {f.name for f in defs if _owner_param(f) and not _decorated(f, "classmethod")}
+        self.facts, self.privileges = facts, privileges
+        self.modules = facts.modules  # local name -> the dotted name it was imported as
+        # Per enclosing function: its privileged first parameter, if any.
+        self.owners: list[Owner | None] = []
+        self.functions: list[ast.AST | None] = []
+        self.allowed_calls: set[int] = set()  # decorator calls (`@functools.wraps(fn)`)
+        self.classes = set(privileges.by_name)
+        self.methods = privileges.method_names  # read through a class, their first parameter is anything
 
     def flag(self, node: ast.AST, message: str) -> None:
         where = [getattr(node, key, 0) or 0 for key in ("lineno", "col_offset", "end_col_offset")]
@@ -148,8 +139,10 @@ class _Visitor(ast.NodeVisitor):
         if parts[0] not in ALLOWED_IMPORTS:
             self.flag(node, f"import of {parts[0]!r} is not allowed (allowed: {', '.join(sorted(ALLOWED_IMPORTS))})")
             return
-        for part in parts[1:]:
-            problem = _name_problem(part)
+        for i, part in enumerate(parts[1:], 1):
+            reached = ".".join(parts[:i + 1])
+            problem = None if reached in VERSION_ATTRIBUTES else _name_problem(part)
+            problem = problem or reach_problem(part, reached)
             if problem:
                 self.flag(node, f"import of {dotted!r}: {problem}")
                 return
@@ -172,7 +165,7 @@ class _Visitor(ast.NodeVisitor):
 
     # -- scopes: who may be written to
 
-    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, owner: str | None) -> None:
+    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, owner: Owner | None) -> None:
         decorators = getattr(node, "decorator_list", [])
         self.allowed_calls.update(id(d.func) for d in decorators if isinstance(d, ast.Call))
         for outer in [*decorators, node.args, getattr(node, "returns", None)]:
@@ -181,12 +174,14 @@ class _Visitor(ast.NodeVisitor):
         body = node.body if isinstance(node.body, list) else [node.body]
         if owner:
             for bound, name in _bindings(body):
-                if name == owner:
-                    self.flag(bound, f"rebinding {owner!r} inside its method is not allowed")
-        self.owners.append((owner, not isinstance(node, ast.Lambda) and _decorated(node, "classmethod")))
+                if name == owner.param:
+                    self.flag(bound, f"rebinding {owner.param!r} inside its method is not allowed")
+        self.owners.append(owner)
+        self.functions.append(node)
         for stmt in body:
             self.visit(stmt)
         self.owners.pop()
+        self.functions.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         self._visit_function(node, None)
@@ -199,56 +194,82 @@ class _Visitor(ast.NodeVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for outer in [*node.decorator_list, *node.bases, *node.keywords]:
             self.visit(outer)
-        self.owners.append((None, False))
+        self.owners.append(None)
+        self.functions.append(None)
         for stmt in node.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self._visit_function(stmt, _owner_param(stmt))
+                self._visit_function(stmt, self.privileges.owner(stmt))
             else:
                 self.visit(stmt)
         self.owners.pop()
+        self.functions.pop()
+
+    def _unprivileged(self, base: ast.AST) -> str:
+        """Why `base`, named like the enclosing method's first parameter, is not privileged there."""
+        fn = self.functions[-1] if self.functions else None
+        why = self.privileges.why_not(fn) if fn is not None else None
+        params = fn.args.posonlyargs + fn.args.args if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+        if why and isinstance(base, ast.Name) and params and params[0].arg == base.id:
+            return f" ({base.id} is not privileged: {why})"
+        return ""
 
     # -- names and attributes
 
     def visit_Name(self, node: ast.Name) -> None:
+        parent = self.facts.parent(node)
+        called = isinstance(parent, ast.Call) and parent.func is node
+        if node.id == "__version__" and self.modules.get("__version__") in VERSION_ATTRIBUTES:
+            return
         if node.id in FORBIDDEN_NAMES or (_dunder(node.id) and node.id != "__name__"):
             self.flag(node, f"use of {node.id!r} is not allowed")
-        elif node.id == "type" and id(node) not in self.allowed_calls:
-            self.flag(node, "`type` is allowed only as type(x)")
+        elif node.id == "type" and not (called and len(parent.args) == 1 and not parent.keywords
+                                        and isinstance(self.facts.parent(parent), ast.Compare)):
+            self.flag(node, "`type` is allowed only as type(x) in a comparison (`type(x) is K`)")
+        elif node.id == "super" and not self._plain_super(node, parent, called):
+            self.flag(node, "`super` is allowed only as super() directly in an instance method")
         elif node.id == "wraps" and id(node) not in self.allowed_calls:
             self.flag(node, "functools.wraps is allowed only as a decorator")
 
-    def visit_Call(self, node: ast.Call) -> None:
-        if isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 1 and not node.keywords:
-            self.allowed_calls.add(id(node.func))
-        self.generic_visit(node)
+    def _plain_super(self, node: ast.Name, parent: ast.AST | None, called: bool) -> bool:
+        if not called or parent.args or parent.keywords or "super" in self.privileges.bound:
+            return False
+        owner = self.privileges.owner(self.facts.enclosing_function(node))
+        return owner is not None and owner.kind == "self"
 
     def _qualified(self, node: ast.AST) -> str | None:
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if isinstance(node, ast.Name) and node.id in self.modules:
-            return ".".join([self.modules[node.id], *reversed(parts)])
-        return None
+        return self.facts.qualified(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         base, name = node.value, node.attr
-        owner_name, is_cls = self.owners[-1] if self.owners else (None, False)
-        owner = isinstance(base, ast.Name) and base.id == owner_name
-        if isinstance(node.ctx, (ast.Store, ast.Del)) and not owner:
+        owner = self.owners[-1] if self.owners else None
+        is_owner = owner is not None and isinstance(base, ast.Name) and base.id == owner.param
+        qualified = self._qualified(node)
+        if isinstance(node.ctx, (ast.Store, ast.Del)) and not is_owner:
             root = base
             while isinstance(root, (ast.Attribute, ast.Subscript)):
                 root = root.value
             what = ("monkeypatching a module" if isinstance(root, ast.Name) and root.id in self.modules
                     else "only a method's own self/cls/ctx may be set")
-            self.flag(node, f"assigning to {ast.unparse(node)} ({what}) is not allowed")
-        problem = _name_problem(name, private_ok=owner)
+            self.flag(node, f"assigning to {ast.unparse(node)[:80]} ({what}) is not allowed{self._unprivileged(base)}")
+        private_ok = is_owner and owner.kind in ("self", "cls") and name in self.privileges.private_names(owner.cls)
+        outermost = not (isinstance(self.facts.parent(node), ast.Attribute) and self.facts.parent(node).value is node)
+        problem = None if qualified in VERSION_ATTRIBUTES else _name_problem(name, private_ok=private_ok)
+        if problem and is_owner and name.startswith("_") and not _dunder(name):
+            problem = (f"private attribute access .{name} is not allowed ({owner.param} may read only the private "
+                       f"attributes class {owner.cls.name} defines)" if owner.kind != "ctx" else
+                       f"private attribute access .{name} is not allowed (ctx is torch's object)")
+        elif problem and name.startswith("_") and not _dunder(name):
+            problem += self._unprivileged(base)
+        problem = problem or reach_problem(name, qualified, outermost)
         if problem:
             self.flag(node, problem)
-        elif self._qualified(node) in FORBIDDEN_QUALIFIED:
-            self.flag(node, f"{self._qualified(node)} is not allowed")
-        elif isinstance(base, ast.Name) and name in self.methods and (base.id in self.classes or (owner and is_cls)):
+        elif qualified in FORBIDDEN_QUALIFIED:
+            self.flag(node, f"{qualified} is not allowed")
+        elif isinstance(base, ast.Name) and name in self.methods and (
+                base.id in self.classes or (is_owner and owner.kind == "cls")):
             self.flag(node, f"reading method {base.id}.{name} through a class is not allowed (use an instance)")
+        elif name == "cache" and qualified != "functools.cache" and not is_owner:
+            self.flag(node, ".cache reads the runtime state of a cache or a kernel, which grows with the calls")
         elif name == "wraps" and id(node) not in self.allowed_calls:
             self.flag(node, "functools.wraps is allowed only as a decorator")
         elif name in ("format", "format_map"):
@@ -290,11 +311,11 @@ def _check_forward(tree: ast.Module, arg_names: tuple[str, ...]) -> tuple[int, s
     return None
 
 
-def _undefined_names(tree: ast.Module) -> list[tuple[int, str]]:
+def _undefined_names(nodes: list[ast.AST]) -> list[tuple[int, str]]:
     """Names read but bound nowhere in the module (scope-blind) and not builtins: something else put
     them there (Triton's interpreter copies its own globals, `inspect` among them, into kernel modules)."""
     bound = set(dir(builtins)) | {"__name__", "__file__", "__doc__"}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             bound.add(node.id)
         elif isinstance(node, ast.arg):
@@ -309,22 +330,48 @@ def _undefined_names(tree: ast.Module) -> list[tuple[int, str]]:
             bound.add(node.rest)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             bound.update(node.names)
-    return [(n.lineno, f"name {n.id!r} is never defined in the module") for n in ast.walk(tree)
+    return [(n.lineno, f"name {n.id!r} is never defined in the module") for n in nodes
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in bound]
 
 
-def static_check(source: str, arg_names: tuple[str, ...]) -> StaticResult:
-    """Syntax, `forward` and its signature, forbidden imports, names, attributes and attribute writes."""
-    if len(source.encode()) > MAX_SOURCE_BYTES:
+def static_check(source: Any, arg_names: tuple[str, ...]) -> StaticResult:
+    """Syntax, `forward` and its signature, forbidden imports, names, attributes and attribute writes,
+    purity, and the text itself. Total: any input gets a StaticResult, never an exception."""
+    try:
+        return _static_check(source, arg_names)
+    except (RecursionError, MemoryError) as exc:
+        return StaticResult(False, f"the module is too deeply nested or too large to check ({type(exc).__name__})")
+    except Exception as exc:  # noqa: BLE001  (a check that cannot finish refuses; it never stops the judge)
+        return StaticResult(False, f"the static check could not analyse this module ({type(exc).__name__})")
+
+
+def _static_check(source: Any, arg_names: tuple[str, ...]) -> StaticResult:
+    if isinstance(source, (bytes, bytearray)):
+        source = bytes(source).decode("utf-8", errors="surrogateescape")
+    if not isinstance(source, str):
+        return StaticResult(False, f"the source must be text, not {type(source).__name__}")
+    if len(source.encode("utf-8", errors="surrogatepass")) > MAX_SOURCE_BYTES:
         return StaticResult(False, f"source is larger than {MAX_SOURCE_BYTES} bytes")
+    problem = text_problem(source)
+    if problem:
+        return StaticResult(False, f"line {problem[0]}: {problem[1]}", problem[0])
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         return StaticResult(False, f"line {exc.lineno}: syntax error: {exc.msg}", exc.lineno or 0)
-    visitor = _Visitor(tree)
+    except (RecursionError, MemoryError, ValueError) as exc:
+        return StaticResult(False, f"the module does not parse: it is nested too deeply or too large ({type(exc).__name__})")
+    for node, depth in iter_depth(tree):
+        if depth > MAX_DEPTH:
+            line = getattr(node, "lineno", 0)
+            return StaticResult(False, f"line {line}: code nested more than {MAX_DEPTH} levels deep is not allowed", line)
+    facts = TreeFacts(tree)
+    privileges = Privileges(facts)
+    visitor = _Visitor(facts, privileges)
     visitor.visit(tree)
     problems = [(line, message) for line, _, _, message in sorted(visitor.problems)]  # reading order
-    problems = sorted(problems + _undefined_names(tree), key=lambda p: p[0])
+    purity = [(line, message) for line, _, message in sorted(purity_problems(facts, privileges))]
+    problems = sorted(problems + purity + _undefined_names(facts.nodes), key=lambda p: p[0])
     forward_problem = _check_forward(tree, arg_names)
     if forward_problem:
         problems.append(forward_problem)

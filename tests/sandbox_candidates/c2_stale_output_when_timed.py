@@ -5,7 +5,7 @@ the timing rounds call it over and over. From the third call with that shape on 
 previous call's output instead of computing (a tensor it kept), after a token launch so "a kernel
 ran". Gain if timed calls were not checked: a near-free timing.
 """
-# expect: static=mismatch runtime=mismatch
+# expect: static=static runtime=mismatch|raised
 # timing: on
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ timing rounds) - launch a kernel on one program only and return an otherwise unw
 (whatever the allocator hands back - often the previous, correct, result). Gain if timed calls were
 not compared: a timing for 1/rows of the work.
 """
-# expect: static=mismatch runtime=mismatch
+# expect: static=static runtime=mismatch|raised
 # timing: on
 
 from __future__ import annotations

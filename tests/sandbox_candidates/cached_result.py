@@ -1,7 +1,7 @@
 """Exploit: memoise. The first call for each (shape, dtype) runs a real kernel; later calls return
 the cached tensor without launching anything, which benchmarks as nearly free.
 """
-# expect: static=mismatch runtime=mismatch
+# expect: static=static runtime=mismatch|raised
 
 from __future__ import annotations
 

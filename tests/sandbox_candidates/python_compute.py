@@ -1,8 +1,9 @@
 """Exploit: launch a no-op Triton kernel so "a kernel ran", then compute rmsnorm in plain Python
 from x.tolist() and wrap the numbers with torch.tensor(...). No torch arithmetic op is called on a
-tensor, and the Triton launch does nothing for the result.
+tensor, and the Triton launch does nothing for the result. `.tolist()` is ordinary launcher code (as
+`.item()` is), so the static check lets it through: the runtime layers refuse the result.
 """
-# expect: static=static runtime=launch-independent|torch-compute|untraceable
+# expect: static=launch-independent|torch-compute|untraceable runtime=launch-independent|torch-compute|untraceable
 
 from __future__ import annotations
 

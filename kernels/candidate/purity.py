@@ -1,0 +1,391 @@
+"""Purity, statically: a candidate holds no state written after import, and reads no clock, no
+random generator and nothing of its process that could tell a judge from a server.
+
+A check runs a kernel a few hundred times in fresh processes; a server runs it for days. A module
+that counts its calls, remembers inputs, reads a clock or asks how many threads it has can be
+correct in the one and wrong in the other, so none of it is allowed:
+
+- import time (the module body, class bodies, decorators, defaults) may build module-level tables;
+  call time (the body of a def or lambda) may change only what the call itself created: containers
+  it bound to a literal, a comprehension, dict()/list()/set()/bytearray() or *args/**kwargs
+  (directly: `d[k] = v`, `d.pop(k)`), and tensors it allocated (any view of them). `self` is written
+  only in `__init__`/`__post_init__` (instances never change after construction) and an autograd
+  Function's `ctx` only by plain assignment; no `global`/`nonlocal` of a name the function binds, no
+  in-place operator functions (operator.setitem, operator.iadd, ...), no `next()` on an iterator the
+  call did not make;
+- at import: no iterator kept for later (`map`, `zip`, `iter`, itertools, generators, generator
+  expressions: consume them, e.g. `tuple(...)`), no torch call but device, dtype and capability
+  queries and decorators (a tensor made at import is state every call shares), functools.lru_cache
+  and cache only as decorators of a def;
+- anywhere: no random generator torch owns (rand*, randn*, randint*, randperm, bernoulli,
+  multinomial, normal_, uniform_, Generator, manual_seed, seed, ...; Triton's counter-based tl.rand
+  takes its seed from the call and stays allowed), no clock (triton.testing, torch.utils.benchmark,
+  the profilers), no caches' or kernels' runtime state (cache_info, cache_clear, best_config, ...),
+  no process-wide torch or triton setting (set_*), nothing from ENVIRONMENT below, no hash() or id()
+  (both differ from process to process).
+
+The runtime layer (kernels/candidate/loader.py) freezes what can be frozen after import; this module
+names the line and says why.
+"""
+
+from __future__ import annotations
+
+import ast
+from kernelloop.kernels.candidate.privilege import Privileges
+from kernelloop.kernels.candidate.tree_facts import COMPREHENSIONS, FUNCTIONS, TreeFacts
+
+WHY = "kernels must be pure: a check's few calls must predict a server's many"
+
+# Process state a kernel could branch on, written down once from torch 2.x's API surface: thread
+# counts, grad/inference/autocast/determinism modes, compile/trace modes, autograd state of a
+# tensor, and the CUDA allocator's and device's live figures.
+ENVIRONMENT = frozenset({
+    "get_num_threads", "get_num_interop_threads", "is_grad_enabled", "is_inference_mode_enabled", "is_inference",
+    "is_autocast_enabled", "is_autocast_cpu_enabled", "is_autocast_cache_enabled", "is_autocast_ipu_enabled",
+    "is_autocast_xla_enabled", "get_autocast_dtype", "get_autocast_gpu_dtype", "get_autocast_cpu_dtype",
+    "get_autocast_ipu_dtype", "get_autocast_xla_dtype", "are_deterministic_algorithms_enabled",
+    "is_deterministic_algorithms_warn_only_enabled", "get_deterministic_debug_mode", "use_deterministic_algorithms",
+    "get_float32_matmul_precision", "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "is_warn_always_enabled",
+    "get_default_device", "get_default_dtype", "is_compiling", "is_dynamo_compiling", "is_exporting",
+    "is_scripting", "is_tracing", "is_multithreading_enabled", "is_view_replay_enabled",
+    "grad_fn", "is_leaf", "requires_grad", "retains_grad",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_cached",
+    "max_memory_cached", "memory_stats", "memory_stats_as_nested_dict", "memory_summary", "memory_snapshot",
+    "mem_get_info", "list_gpu_processes", "memory_usage", "host_memory_stats", "host_memory_stats_as_nested_dict",
+    "utilization", "temperature", "power_draw", "clock_rate", "get_per_process_memory_fraction",
+    "is_current_stream_capturing", "current_stream", "default_stream", "current_blas_handle",
+    "current_solver_handle", "get_allocator_backend", "caching_allocator_alloc", "caching_allocator_delete",
+    "empty_cache", "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+    "reset_accumulated_memory_stats", "get_sync_debug_mode", "is_initialized",
+})
+RANDOM = frozenset({
+    "bernoulli", "bernoulli_", "multinomial", "randperm", "rand_like", "randn_like", "randint_like", "normal_",
+    "uniform_", "random_", "exponential_", "geometric_", "log_normal_", "cauchy_", "manual_seed",
+    "manual_seed_all", "initial_seed", "seed_all", "get_rng_state", "get_rng_state_all", "set_rng_state",
+    "set_rng_state_all", "Generator", "default_generator", "fork_rng", "quasirandom", "SobolEngine",
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "native_dropout",
+    "rrelu", "rrelu_", "gumbel_softmax",
+})
+RANDOM_IN_TORCH = frozenset({"rand", "randn", "randint", "normal", "poisson", "seed", "random"})
+CLOCKS = frozenset({"do_bench", "do_bench_cudagraph", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns",
+                    "process_time", "process_time_ns", "thread_time", "thread_time_ns", "time_ns", "elapsed_time"})
+RUNTIME_STATE = frozenset({"cache_info", "cache_clear", "cache_parameters", "device_caches", "kernel_cache",
+                           "best_config", "timings", "configs_timings"})
+PREFIXES = {"triton.testing": "reads a clock", "torch.utils.benchmark": "reads a clock",
+            "torch.profiler": "reads a clock", "torch.autograd.profiler": "reads a clock",
+            "torch.random": "uses a random generator the op does not pass in",
+            "torch.cuda.random": "uses a random generator the op does not pass in",
+            "torch.cuda.memory": "reads the process's memory state"}
+BACKEND_QUERIES = frozenset({"is_available", "is_built"})  # torch.backends.X.is_available(): a device query
+PROCESS_DEPENDENT = frozenset({"hash", "id"})
+MUTATORS = frozenset({"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "add",
+                      "discard", "remove", "sort", "reverse", "difference_update", "intersection_update",
+                      "symmetric_difference_update", "send", "throw", "enter_context", "callback", "push",
+                      "pop_all"})
+IN_PLACE_OPERATORS = frozenset({"setitem", "delitem", "iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod",
+                                "imul", "imatmul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor"})
+ITERATOR_MAKERS = frozenset({"iter", "map", "filter", "zip", "enumerate", "reversed"})
+CONSUMERS = frozenset({"list", "tuple", "set", "frozenset", "dict", "sorted", "sum", "min", "max", "any", "all", "len",
+                       "next", *ITERATOR_MAKERS})
+CONSTRUCTORS = frozenset({"dict", "list", "set", "bytearray"})
+TENSOR_FACTORIES = frozenset({"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like",
+                              "full", "full_like", "tensor", "arange"})
+TENSOR_METHODS = frozenset({"new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "clone"})
+# The torch calls that may run at import: device, dtype and capability queries, and decorators.
+IMPORT_TIME_TORCH = frozenset({
+    "torch.cuda.is_available", "torch.cuda.get_device_capability", "torch.cuda.get_device_name",
+    "torch.cuda.get_device_properties", "torch.cuda.device_count", "torch.cuda.is_bf16_supported",
+    "torch.cuda.is_tf32_supported", "torch.cuda.device", "torch.device", "torch.finfo", "torch.iinfo", "torch.Size",
+    "torch.no_grad", "torch.inference_mode", "torch.amp.custom_fwd", "torch.amp.custom_bwd",
+    "torch.cuda.amp.custom_fwd", "torch.cuda.amp.custom_bwd", "torch.jit.ignore", "torch.jit.unused",
+    "torch.compiler.disable", "torch.compiler.allow_in_graph", "torch.autograd.function.once_differentiable",
+    "torch.cpu.is_available", "torch.xpu.is_available", "torch.mps.is_available",
+})
+
+
+def reach_problem(attr: str, qualified: str | None, outermost: bool = True) -> str | None:
+    """Why reading `.attr` (reached as `qualified` from an import, when known) is impure, or None."""
+    torch_or_triton = qualified is not None and qualified.split(".")[0] in ("torch", "triton")
+    if attr in RANDOM or (attr in RANDOM_IN_TORCH and qualified is not None and qualified.startswith("torch.")):
+        return f".{attr} uses a random generator the op does not pass in ({WHY})"
+    if attr in CLOCKS:
+        return f".{attr} reads a clock ({WHY})"
+    if attr in RUNTIME_STATE:
+        return f".{attr} reads the runtime state of a cache or a kernel, which grows with the calls ({WHY})"
+    if attr in ENVIRONMENT:
+        return f".{attr} reads the process's environment (a kernel must not be able to tell the judge from a server)"
+    if torch_or_triton and attr.startswith("set_"):
+        return f"{qualified} changes process-wide state ({WHY})"
+    if qualified is not None:
+        if (qualified.startswith("torch.backends.") and outermost and attr not in BACKEND_QUERIES
+                and qualified.count(".") >= 2):
+            return f"{qualified} reads a process-wide torch setting (a kernel must not be able to tell the judge from a server)"
+        for prefix, what in PREFIXES.items():
+            if qualified == prefix or qualified.startswith(prefix + "."):
+                return f"{prefix} {what} ({WHY})"
+        if qualified.startswith("operator.") and attr in IN_PLACE_OPERATORS:
+            return f"operator.{attr} changes its argument in place ({WHY})"
+    return None
+
+
+def _is_jit(fn: ast.AST, facts: TreeFacts, jitted: set[str]) -> bool:
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    return fn.name in jitted or any("jit" in (facts.qualified(d.func if isinstance(d, ast.Call) else d) or "")
+                                    for d in fn.decorator_list)
+
+
+class _Purity:
+    def __init__(self, facts: TreeFacts, privileges: Privileges) -> None:
+        self.facts, self.privileges = facts, privileges
+        self.problems: list[tuple[int, int, str]] = []
+        # Builtins the module leaves alone (a module may bind its own `list` or `next`).
+        self.builtins = {n for n in CONSUMERS | CONSTRUCTORS | ITERATOR_MAKERS | PROCESS_DEPENDENT
+                         if n not in facts.bound and n not in privileges.by_name}
+        self.jitted = {a.id for node in facts.nodes if isinstance(node, ast.Call)
+                       and (facts.qualified(node.func) or "").endswith(".jit") for a in node.args if isinstance(a, ast.Name)}
+        self.generators = {f.name for f in facts.tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and not f.decorator_list and _yields(f, facts)}
+
+    def flag(self, node: ast.AST, message: str) -> None:
+        self.problems.append((getattr(node, "lineno", 0), getattr(node, "col_offset", 0), message))
+
+    def run(self) -> list[tuple[int, int, str]]:
+        for node in self.facts.nodes:
+            fn = self.facts.enclosing_function(node) if isinstance(node, _INTERESTING) else None
+            if isinstance(node, (ast.Global, ast.Nonlocal)):
+                self._declaration(node)
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)) and fn is not None:
+                self._mutation(node, node.value, fn, "changes")
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and fn is not None:
+                self._attribute_write(node, fn)
+            elif isinstance(node, ast.Attribute) and node.attr in MUTATORS:
+                qualified = self.facts.qualified(node)
+                if qualified is None or not (qualified.split(".")[0] in ("torch", "triton")
+                                             and node.attr in _MODULE_FUNCTIONS):
+                    self._mutator(node, fn)
+            elif isinstance(node, ast.Call):
+                self._call(node, fn)
+            elif isinstance(node, ast.GeneratorExp) and fn is None:
+                self._kept_iterator(node, "a generator expression")
+            elif isinstance(node, (ast.Name, ast.Attribute)) and self.facts.qualified(node) in (
+                    "functools.lru_cache", "functools.cache"):
+                self._cache_decorator(node)
+            elif isinstance(node, ast.Name) and node.id in PROCESS_DEPENDENT and node.id in self.builtins:
+                self.flag(node, f"{node.id}() gives a different value in every process ({WHY})")
+        return self.problems
+
+    # -- call time: what may be changed
+
+    def _declaration(self, node: ast.Global | ast.Nonlocal) -> None:
+        scope = self._scope_of(node)
+        if scope is None:
+            return  # `global` at module level changes nothing
+        bound = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+        bound |= {n.name for n in ast.walk(scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and n is not scope}
+        written = [n for n in node.names if n in bound]
+        if written:
+            keyword = "global" if isinstance(node, ast.Global) else "nonlocal"
+            self.flag(node, f"`{keyword} {written[0]}` writes state that outlives the call ({WHY})")
+
+    def _scope_of(self, node: ast.AST) -> ast.AST | None:
+        parent = self.facts.parent(node)
+        while parent is not None and not isinstance(parent, (*FUNCTIONS, ast.ClassDef)):
+            parent = self.facts.parent(parent)
+        return parent
+
+    def _attribute_write(self, node: ast.Attribute, fn: ast.AST) -> None:
+        owner = self.privileges.owner(fn)
+        if owner is None or not (isinstance(node.value, ast.Name) and node.value.id == owner.param):
+            return  # writes through anything else are refused by the static check's attribute rule
+        top = self.facts.parent(node)
+        while isinstance(top, (ast.Tuple, ast.List, ast.Starred)):
+            top = self.facts.parent(top)
+        plain = isinstance(node.ctx, ast.Store) and isinstance(top, (ast.Assign, ast.AnnAssign))
+        what = f"{owner.param}.{node.attr}"
+        if owner.kind == "cls":
+            self.flag(node, f"writes class state `{what}` after import ({WHY})")
+        elif not plain:
+            self.flag(node, f"changes `{what}` in place (only `{what} = value` is allowed, in __init__)")
+        elif owner.kind == "self" and owner.method not in ("__init__", "__post_init__"):
+            self.flag(node, f"writes `{what}` outside __init__ (instances must not change after construction: {WHY})")
+
+    def _mutator(self, node: ast.Attribute, fn: ast.AST | None) -> None:
+        if fn is None:
+            parent = self.facts.parent(node)
+            if not (isinstance(parent, ast.Call) and parent.func is node):
+                self.flag(node, f"a bound .{node.attr} kept from import time would change module state when "
+                                f"called later ({WHY})")
+            return
+        if _is_jit(fn, self.facts, self.jitted) and isinstance(node.value, ast.Name) and node.value.id in \
+                self.facts.local_bindings(fn):
+            return  # a Triton tensor's method (x.sort()); kernels hold no Python containers
+        self._mutation(node, node.value, fn, f"calls .{node.attr} on")
+
+    def _mutation(self, node: ast.AST, container: ast.AST, fn: ast.AST, verb: str) -> None:
+        root, direct = container, True
+        while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call, ast.Starred)):
+            root = root.func if isinstance(root, ast.Call) else root.value
+            direct = False
+        if isinstance(root, (ast.List, ast.Dict, ast.Set, ast.Constant, *COMPREHENSIONS)):
+            return
+        shown = _short(container)
+        if not isinstance(root, ast.Name):
+            self.flag(node, f"{verb} `{shown}`, the result of an expression that may be shared state ({WHY})")
+            return
+        local = self.facts.local_bindings(fn).get(root.id)
+        if local is None:
+            if root.id in self.facts.module_names:
+                self.flag(node, f"{verb} module-level state `{shown}` after import ({WHY})")
+            else:
+                self.flag(node, f"{verb} `{shown}`, which outlives the call ({WHY})")
+            return
+        kind = self._fresh_kind(local, fn)
+        if kind == "tensor" or (kind == "container" and direct):
+            return
+        owner = self.privileges.owner(fn)
+        if owner is not None and root.id == owner.param:
+            self.flag(node, f"{verb} `{shown}` (instances must not change after construction: {WHY})")
+        else:
+            self.flag(node, f"{verb} `{shown}`, which may hold state shared between calls (a function may change "
+                            f"only containers and tensors it creates itself: {WHY})")
+
+    def _fresh_kind(self, bindings: list[ast.AST], fn: ast.AST) -> str | None:
+        """'container' or 'tensor' when every binding of a local makes a new object, else None."""
+        kinds = set()
+        for node in bindings:
+            if isinstance(node, ast.arg):
+                args = fn.args
+                if node is not args.vararg and node is not args.kwarg:
+                    return None
+                kinds.add("container")
+                continue
+            parent = self.facts.parent(node)
+            if isinstance(parent, (ast.AugAssign, ast.Delete)):
+                continue
+            if isinstance(parent, ast.Assign) and any(t is node for t in parent.targets) or \
+                    isinstance(parent, (ast.AnnAssign, ast.NamedExpr)) and parent.target is node:
+                kind = self._value_kind(parent.value)
+            else:
+                return None
+            if kind is None:
+                return None
+            kinds.add(kind)
+        kinds.discard("constant")
+        if not kinds:
+            return "container"
+        return kinds.pop() if len(kinds) == 1 else None
+
+    def _value_kind(self, value: ast.AST | None) -> str | None:
+        if value is None:
+            return "constant"
+        if isinstance(value, ast.Constant):
+            return "constant"
+        if isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)):
+            return "container"
+        if isinstance(value, ast.IfExp):
+            a, b = self._value_kind(value.body), self._value_kind(value.orelse)
+            return a if a == b or b == "constant" else b if a == "constant" else None
+        if isinstance(value, ast.BinOp) and any(isinstance(v, (ast.List, ast.ListComp)) for v in (value.left, value.right)):
+            return "container"
+        if isinstance(value, ast.Call):
+            func = value.func
+            if isinstance(func, ast.Name) and func.id in CONSTRUCTORS and func.id in self.builtins:
+                return "container"
+            qualified = self.facts.qualified(func) or ""
+            if qualified.startswith("torch.") and qualified.rsplit(".", 1)[-1] in TENSOR_FACTORIES:
+                return "tensor"
+            if isinstance(func, ast.Attribute) and func.attr in TENSOR_METHODS and not qualified:
+                return "tensor"
+        return None
+
+    # -- calls: next(), and what may run at import
+
+    def _call(self, node: ast.Call, fn: ast.AST | None) -> None:
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) and func.id in self.builtins else None
+        if fn is not None:
+            if name == "next" and node.args:
+                self._next(node, node.args[0], fn)
+            return
+        qualified = self.facts.qualified(func) or ""
+        if name in ITERATOR_MAKERS or qualified.startswith("itertools."):
+            self._kept_iterator(node, f"{qualified or name}(...)")
+        elif isinstance(func, ast.Name) and func.id in self.generators:
+            self._kept_iterator(node, f"the generator {func.id}()")
+        elif qualified.startswith("torch.") and qualified not in IMPORT_TIME_TORCH \
+                and qualified.rsplit(".", 1)[-1] not in BACKEND_QUERIES:
+            self.flag(node, f"{qualified}(...) runs at import: only device, dtype and capability queries and "
+                            f"decorators may (a tensor made at import is state every call shares: {WHY})")
+
+    def _next(self, node: ast.Call, iterator: ast.AST, fn: ast.AST) -> None:
+        if isinstance(iterator, (ast.Call, ast.GeneratorExp)):
+            return
+        if isinstance(iterator, ast.Name):
+            bindings = self.facts.local_bindings(fn).get(iterator.id) or []
+            made = [self.facts.parent(b) for b in bindings]
+            if made and all(isinstance(m, (ast.Assign, ast.NamedExpr)) and isinstance(m.value, (ast.Call, ast.GeneratorExp))
+                            for m in made):
+                return
+        self.flag(node, f"next() advances `{_short(iterator)}`, an iterator the call did not make ({WHY})")
+
+    def _kept_iterator(self, node: ast.AST, what: str) -> None:
+        child, parent = node, self.facts.parent(node)
+        while True:
+            if isinstance(parent, (ast.For, ast.comprehension)) and parent.iter is child:
+                return
+            if isinstance(parent, ast.Starred):
+                child, parent = parent, self.facts.parent(parent)
+                continue
+            if not isinstance(parent, ast.Call) or child is parent.func:
+                break
+            func = parent.func
+            qualified = self.facts.qualified(func) or ""
+            if isinstance(func, ast.Name) and func.id in self.builtins and func.id in ITERATOR_MAKERS \
+                    or qualified.startswith("itertools."):
+                child, parent = parent, self.facts.parent(parent)  # an iterator of iterators: consumed if it is
+                continue
+            if isinstance(func, ast.Name) and func.id in CONSUMERS and func.id in self.builtins \
+                    or qualified in ("math.prod", "math.fsum", "functools.reduce") \
+                    or isinstance(func, ast.Attribute) and func.attr == "join" and isinstance(func.value, ast.Constant):
+                return
+            break
+        self.flag(node, f"{what} made at import and kept is state every call shares: consume it at import, "
+                        f"e.g. tuple(...) ({WHY})")
+
+    def _cache_decorator(self, node: ast.AST) -> None:
+        parent = self.facts.parent(node)
+        if isinstance(parent, ast.Attribute):
+            return  # the inner part of a longer chain
+        used = parent if isinstance(parent, ast.Call) and parent.func is node else node
+        holder = self.facts.parent(used)
+        if isinstance(holder, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(d is used for d in holder.decorator_list):
+            allocation = next((n for n in ast.walk(holder) if isinstance(n, ast.Call) and n is not used
+                               and self._value_kind(n) == "tensor"), None)
+            if allocation is not None:
+                self.flag(allocation, f"{holder.name} is cached and allocates a tensor: every call with the same "
+                                      f"arguments would get the same tensor ({WHY})")
+            return
+        self.flag(node, "functools.lru_cache/cache is allowed only as a decorator of a def "
+                        "(a cache built around anything else can hand out state)")
+
+
+_INTERESTING = (ast.Subscript, ast.Attribute, ast.Call, ast.GeneratorExp)
+# torch and triton functions whose names are also container methods (torch.add, tl.sort).
+_MODULE_FUNCTIONS = frozenset({"add", "sort"})
+
+
+def _yields(fn: ast.AST, facts: TreeFacts) -> bool:
+    return any(isinstance(n, (ast.Yield, ast.YieldFrom)) and facts.enclosing_function(n) is fn
+               for n in ast.walk(fn))
+
+
+def _short(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def purity_problems(facts: TreeFacts, privileges: Privileges) -> list[tuple[int, int, str]]:
+    """(line, column, reason) for every impure construct of the module."""
+    return _Purity(facts, privileges).run()

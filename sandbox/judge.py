@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from kernelloop.kernels import interpreter_bounds as bounds
 from kernelloop.kernels.compare import Comparison, check_outputs
 from kernelloop.kernels.spec import OpSpec
 from kernelloop.kernels.roofline import Rates
@@ -37,11 +38,45 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def runtime_failure(v: Verdict, facts: dict[str, Any], where: str) -> bool:
     """Failures a sandboxed process reports about itself: blocked escapes, exceptions, memory."""
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage behind a tensor, as bytes."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def input_changes(v: Verdict, where: str, before: list[torch.Tensor], after: list[torch.Tensor], by: str) -> bool:
+    """Each input as it came back must be the one sent: the same view of the same bytes, in the whole
+    storage behind it (its padding, the other parts of a fused buffer). A change inside a view is
+    `input-mutated`; one outside it, memory the call was never given, `out-of-bounds`."""
+    for j, (b, a) in enumerate(zip(before, after)):
+        layout = (b.dtype, b.shape, b.stride(), b.storage_offset(), b.untyped_storage().nbytes())
+        if layout != (a.dtype, a.shape, a.stride(), a.storage_offset(), a.untyped_storage().nbytes()):
+            v.fail("input-mutated", f"{where}: {by} changed the layout or storage of input {j}")
+        elif not same_bits(b, a):
+            v.fail("input-mutated", f"{where}: {by} changed input {j}")
+        elif not torch.equal(storage_bytes(b), storage_bytes(a)):
+            changed = int((storage_bytes(b) != storage_bytes(a)).nonzero()[0])
+            v.fail("out-of-bounds", f"{where}: {by} wrote outside input {j}'s view (byte {changed} of the "
+                   f"{b.untyped_storage().nbytes()}-byte buffer behind it: its padding or another tensor's part)")
+        else:
+            continue
+        return True
+    return False
+
+
+def bounds_code(text: str, otherwise: str) -> tuple[str, str]:
+    """(failure code, reason) for an error text: `out-of-bounds` when an address or guard check refused
+    an access (kernels/interpreter_bounds.py), else `otherwise`."""
+    if bounds.MARK in text:
+        return "out-of-bounds", text.split(bounds.MARK, 1)[1]
+    return otherwise, text
+
+
     violations = facts.get("violations") if isinstance(facts.get("violations"), list) else []
     if violations:
         v.fail("sandbox-violation", f"{where}: {str(violations[0])[:300]}")
     elif facts.get("error"):
-        v.fail("memory" if facts.get("memory") is True else "raised", f"{where}: forward raised {str(facts['error'])[:300]}")
+        code, text = bounds_code(str(facts["error"]), "memory" if facts.get("memory") is True else "raised")
+        v.fail(code, f"{where}: forward raised {text[:300]}")
     return v.failure is not None
 
 
@@ -76,10 +111,8 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
         if isinstance(ref, dict) and isinstance(ref.get("buf"), int) and ref["buf"] < n_inputs:
             v.fail("aliasing", f"{where}: output {i} shares memory with input {ref['buf']}")
             return None
-    for j, (before, after) in enumerate(zip(inputs, inputs_after)):
-        if not same_bits(before, after):
-            v.fail("input-mutated", f"{where}: input {j} changed")
-            return None
+    if input_changes(v, where, inputs, inputs_after, "the call"):
+        return None
     got = tuple(outputs) if len(outputs) > 1 else outputs[0]
     comparison = check_outputs(spec, got, expected, want[0].dtype, shape=shape)
     if not comparison.ok:
@@ -87,7 +120,8 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
     elif not facts.get("launches"):
         v.fail("no-triton", f"{where}: no Triton kernel was launched")
     elif record.get("problem"):
-        v.fail("untraceable", f"{where}: {str(record['problem'])[:300]}")
+        code, text = bounds_code(str(record["problem"]), "untraceable")
+        v.fail(code, f"{where}: {text[:300]}")
     return comparison
 
 
@@ -99,9 +133,7 @@ def judge_replay(v: Verdict, where: str, candidate: list[torch.Tensor], replays:
     kernel, whose replays differ from each other, from an output made outside its launches)."""
     first = replays[0]
     if len(first) == len(candidate) and all(same_bits(a, b) for a, b in zip(first, candidate)):
-        for j, (before, after) in enumerate(zip(inputs, replay_inputs)):
-            if not same_bits(before, after):
-                v.fail("input-mutated", f"{where}: the kernels changed input {j}")
+        input_changes(v, where, inputs, replay_inputs, "the kernels")
         return
     if len(replays) > 1 and len(replays[1]) == len(first) and not all(same_bits(a, b) for a, b in zip(first, replays[1])):
         v.fail("nondeterministic", f"{where}: two runs of the same launches on the same inputs gave different bits")

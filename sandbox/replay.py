@@ -17,13 +17,17 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import contextlib
 import keyword
 import linecache
+import math
 from typing import Any
 
 import torch
 
-from kernelloop.sandbox.trace import ALLOCATORS, DATA_ATEN, MAX_ENTRIES, poison
+from kernelloop.kernels import interpreter_bounds as bounds
+from kernelloop.sandbox.replay_memory import Buffers
+from kernelloop.sandbox.trace import ALLOCATORS, DATA_ATEN, FILLS, LITERAL_DTYPES, MAX_ENTRIES, MAX_PYTHON_VALUES
 from kernelloop.sandbox.wire import WIRE_DTYPES, check_meta
 
 KERNEL_MODULES = ("triton", "math", "__future__")
@@ -171,17 +175,29 @@ def kernels_from_module(module_name: str) -> dict[str, Any]:
 
 
 class Replay:
-    """Redoes one record on given inputs. `device`: where buffers live ("cpu" or "cuda")."""
+        self.check_addresses = check_addresses
+        self.buffers = Buffers([], self.device)
+        if check_addresses:
+            bounds.install()
+    """Redoes one record on given inputs. `device`: where buffers live ("cpu" or "cuda").
 
-    def __init__(self, kernels: dict[str, Any], device: str) -> None:
+    Memory (sandbox/replay_memory.py): every buffer made during the call sits between guard zones,
+    poisoned with a pattern drawn per allocation; interpreted launches have every load and store
+    checked against the buffers they were given (`check_addresses`, off only to test the guards).
+    `check_guards()` after `run` refuses a store into a guard zone. Both raise
+    kernels.interpreter_bounds.OutOfBounds."""
+
+    def __init__(self, kernels: dict[str, Any], device: str, check_addresses: bool = True) -> None:
         self.kernels, self.device = kernels, torch.device(device)
 
     def run(self, record: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if not isinstance(record, dict) or not isinstance(record.get("entries"), list):
             raise ReplayError("malformed record")
+            elif entry.get("kind") == "literal":
+                self._literal(entry)
         if record.get("inputs") != len(inputs) or len(record["entries"]) > MAX_ENTRIES:
             raise ReplayError("the record does not match the call's inputs")
-        self.storages = [t.untyped_storage() for t in inputs]
+        self.buffers, self._values = Buffers(inputs, self.device), 0
         for entry in record["entries"]:
             if not isinstance(entry, dict):
                 raise ReplayError("malformed record entry")
@@ -196,20 +212,30 @@ class Replay:
             raise ReplayError("the record has no outputs")
         return [self._view(ref) for ref in outs]
 
-    def _storage(self, buf: Any) -> Any:
-        if type(buf) is not int or not 0 <= buf < len(self.storages):
+    def check_guards(self) -> None:
+        """After `run`: OutOfBounds if a kernel wrote into the guard zone of a buffer made during the call."""
+        self.buffers.check_guards()
+
+    def _storage(self, buf: Any) -> tuple[Any, int, int]:
+        if type(buf) is not int or not 0 <= buf < len(self.buffers):
             raise ReplayError(f"reference to unknown buffer {str(buf)[:20]}")
-        return self.storages[buf]
+        return self.buffers.storage(buf)
 
     def _view(self, ref: Any) -> torch.Tensor:
         if not isinstance(ref, dict):
             raise ReplayError("malformed tensor reference")
-        storage = self._storage(ref.get("buf"))
+        storage, base, nbytes = self._storage(ref.get("buf"))
         try:
-            dtype, shape, stride, offset, _ = check_meta({**ref, "nbytes": storage.nbytes()})
+            dtype, shape, stride, offset, _ = check_meta({**ref, "nbytes": nbytes})
         except Exception as exc:  # noqa: BLE001
             raise ReplayError(f"bad tensor reference: {exc}") from None
-        return torch.empty(0, dtype=dtype, device=self.device).set_(storage, offset, shape, stride)
+        start = base // dtype.itemsize + offset
+        return torch.empty(0, dtype=dtype, device=self.device).set_(storage, start, shape, stride)
+
+    def _values_from_python(self, n: int) -> None:
+        self._values += n
+        if self._values > MAX_PYTHON_VALUES:
+            raise ReplayError(f"more than {MAX_PYTHON_VALUES} values written into tensors from Python in one call")
 
     def _decode(self, value: Any) -> Any:
         if value is None or isinstance(value, (bool, int, float, str)):
@@ -232,6 +258,8 @@ class Replay:
 
     def _aten(self, entry: dict) -> None:
         parts = str(entry.get("op", "")).split(".")
+        if parts[1] in FILLS:
+            self._values_from_python(1)
         if len(parts) != 3 or parts[0] != "aten" or parts[1] not in DATA_ATEN or not parts[2].isidentifier() \
                 or parts[2].startswith("_"):
             raise ReplayError(f"aten op {str(entry.get('op'))[:60]!r} is not replayable")
@@ -253,11 +281,27 @@ class Replay:
         for t, new in zip(outs, news):
             if new is None:
                 continue
-            if new != len(self.storages) or not isinstance(t, torch.Tensor):
+            if new != len(self.buffers) or not isinstance(t, torch.Tensor):
                 raise ReplayError("buffers are numbered out of order")
-            if parts[1] in ALLOCATORS:
-                poison(t)
-            self.storages.append(t.untyped_storage())
+            fresh = parts[1] in ALLOCATORS
+            self.buffers.make(t.untyped_storage().nbytes(), t.dtype, entry["op"], source=None if fresh else t)
+
+    def _literal(self, entry: dict) -> None:
+        """Index data the launcher made from Python ints (trace.Recorder._lift)."""
+        dtype = WIRE_DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
+        shape, values, new = entry.get("shape"), entry.get("values"), entry.get("new")
+        if dtype not in LITERAL_DTYPES:
+            raise ReplayError("a literal must be integer or bool data")
+        if not (isinstance(shape, list) and len(shape) <= 8 and all(type(d) is int and d >= 0 for d in shape)
+                and isinstance(values, list) and len(values) == math.prod(shape) > 0
+                and all(type(v) is int for v in values) and new == [len(self.buffers)]):
+            raise ReplayError("malformed literal")
+        self._values_from_python(len(values))
+        try:
+            t = torch.tensor(values, dtype=dtype).reshape(shape).to(self.device)
+        except (RuntimeError, OverflowError, ValueError):
+            raise ReplayError(f"a literal's values do not fit {entry['dtype']}") from None
+        self.buffers.make(t.untyped_storage().nbytes(), dtype, "a literal", source=t)
 
     def _kernel_arg(self, value: Any) -> Any:
         import triton.language as tl
@@ -265,15 +309,18 @@ class Replay:
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         if isinstance(value, dict) and "ptr" in value:
-            storage = self._storage(value.get("ptr"))
+            storage, base, nbytes = self._storage(value.get("ptr"))
             dtype = WIRE_DTYPES.get(value.get("dtype")) if isinstance(value.get("dtype"), str) else None
             off = value.get("byte_offset")
-            if dtype is None or type(off) is not int or not 0 <= off <= storage.nbytes() or off % dtype.itemsize:
+            if dtype is None or type(off) is not int or not 0 <= off <= nbytes or off % dtype.itemsize:
                 raise ReplayError("bad pointer argument")
-            count = (storage.nbytes() - off) // dtype.itemsize
-            return torch.empty(0, dtype=dtype, device=self.device).set_(storage, off // dtype.itemsize, (count,), (1,))
+            count = (nbytes - off) // dtype.itemsize
+            return torch.empty(0, dtype=dtype, device=self.device).set_(storage, (base + off) // dtype.itemsize,
+                                                                         (count,), (1,))
         if isinstance(value, dict) and len(value) == 1:
             (key, inner), = value.items()
+        from triton.runtime.interpreter import InterpretedFunction
+
             if key == "constexpr":
                 return tl.constexpr(self._kernel_arg(inner))
             if key == "tl_dtype" and isinstance(inner, str) and inner in tl.dtype.SINT_TYPES + tl.dtype.UINT_TYPES \
@@ -294,5 +341,11 @@ class Replay:
             raise ReplayError("malformed launch arguments")
         if 0 in grid:
             return
-        kernel[tuple(grid)](*[self._kernel_arg(a) for a in args],
-                            **{str(k): self._kernel_arg(v) for k, v in kwargs.items()})
+        args = [self._kernel_arg(a) for a in args]
+        kwargs = {str(k): self._kernel_arg(v) for k, v in kwargs.items()}
+        checked = contextlib.nullcontext()
+        if self.check_addresses and isinstance(kernel, InterpretedFunction):
+            names = list(getattr(kernel, "arg_names", []))
+            checked = bounds.checking(self.buffers.launch_bounds(entry["kernel"], names, args, kwargs))
+        with checked:
+            kernel[tuple(grid)](*args, **kwargs)

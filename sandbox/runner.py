@@ -214,7 +214,8 @@ class Sandbox(ABTiming):
             if judging.runtime_failure(v, {"violations": done["violations"], "error": None}, trial.where):
                 break
             if done["error"]:
-                v.fail("untraceable", f"{trial.where}: the replay of its launches failed: {str(done['error'])[:300]}")
+                code, text = judging.bounds_code(str(done["error"]), "untraceable")
+                v.fail(code, f"{trial.where}: the replay of its launches failed: {text[:300]}")
                 break
             replays.append(got)
             if len(got) == len(trial.outputs) and all(judging.same_bits(a, b) for a, b in zip(got, trial.outputs)):

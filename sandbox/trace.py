@@ -6,13 +6,24 @@ launch. The record lists, in order:
 
     {"kind": "aten", "op": "aten.copy_.default", "args": [...], "kwargs": {...}, "new": [buffer ids]}
     {"kind": "launch", "kernel": "_rmsnorm_kernel", "args": [...], "kwargs": {...}, "grid": [x, y, z]}
+    {"kind": "literal", "dtype": "int32", "shape": [], "values": [7], "new": [buffer id]}
 
 and `outputs`: how each returned tensor is a view of a buffer. Buffers are the call's tensor inputs
 (ids 0..k-1, in argument order) and the storages aten ops created during the call (numbered in
 order). Tensors in the record are references: {"buf", "offset", "shape", "stride", "dtype"} (aten
 args, outputs) or {"ptr": buf, "byte_offset", "dtype"} (kernel pointers). Views and host reads are
 not recorded: they move no data. Ops that compute (anything outside ALLOWED_ATEN) are noted as
-forbidden. Fresh allocations are poisoned with NaN (-1 for integers), as they are in the replay.
+forbidden. Fresh allocations are poisoned with a pattern drawn per allocation (sandbox/poison.py), as
+they are in the replay, independently.
+
+A literal is an integer or bool tensor made from Python values (`idx[0] = n` lifts `n` into a 0-d
+tensor, then copies it): index data a launcher may build. Floating-point tensors made from Python
+values are refused (a launcher computing outputs in Python), and at most MAX_PYTHON_VALUES values
+per call reach tensors from Python (literal elements, fill values), in the record and in the replay.
+
+Interpreted launches have every load and store checked against the memory they were given
+(kernels/interpreter_bounds.py): here that only keeps a bad store from corrupting this process's
+heap before the replay, which checks the same way, refuses it.
 
 The record is the candidate's claim about what it did. The judge does not believe it: the replay
 redoes it in another process, and its output must equal the candidate's bit for bit.
@@ -20,11 +31,15 @@ redoes it in another process, and its output must equal the candidate's bit for 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kernelloop.kernels import interpreter_bounds as bounds
+from kernelloop.sandbox.poison import poison
 from kernelloop.sandbox.wire import WIRE_NAMES
 
 # aten ops a candidate's Python side may run: allocation, views, copies and fills; nothing that computes.
@@ -43,14 +58,13 @@ DATA_ATEN = frozenset({
 ALLOWED_ATEN = VIEW_ATEN | DATA_ATEN
 ALLOCATORS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
 MAX_ENTRIES = 4096
+FILLS = frozenset({"fill_", "full", "full_like", "new_full"})  # ops whose value comes from Python
+MAX_PYTHON_VALUES = 256
+LITERAL_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
 
 
 class Untraceable(Exception):
     """The call did something the record cannot describe (memory from nowhere, an unknown argument)."""
-
-
-def poison(t: torch.Tensor) -> None:
-    t.fill_(float("nan") if t.is_floating_point() else -1)
 
 
 class Recorder(TorchDispatchMode):
@@ -65,13 +79,18 @@ class Recorder(TorchDispatchMode):
         self._bufs: dict[int, int] = {}  # storage data_ptr -> buffer id
         self._count = self.n_inputs = 0
         self._keep: list[torch.Tensor] = []  # buffers stay alive during the call, so pointers stay unique
+        self._values = 0  # values written into tensors from Python during the call
+        self._python_floats: set[int] = set()  # storages of float tensors lifted from Python values
+        self._regions: dict[int, tuple] = {}  # buffer id -> the bytes a launch may touch in it
 
     def begin(self, args: tuple) -> None:
         self.entries, self.forbidden, self.problem, self._bufs, self._count, self._keep = [], [], None, {}, 0, []
+        self._values, self._python_floats = 0, set()
         for a in args:
             if isinstance(a, torch.Tensor):
                 self._new_buffer(a)
         self.n_inputs = self._count
+        self._regions = {}
 
     def _new_buffer(self, t: torch.Tensor) -> int:
         self._bufs[t.untyped_storage().data_ptr()] = self._count
@@ -81,9 +100,34 @@ class Recorder(TorchDispatchMode):
 
     def _buffer_of(self, t: torch.Tensor) -> int:
         ptr = t.untyped_storage().data_ptr()
+        if ptr in self._python_floats:
+            raise Untraceable("a floating-point tensor made from Python values reached a kernel or copy: "
+                              "outputs must come from kernels")
         if ptr not in self._bufs:
             raise Untraceable("a tensor that is neither an input nor allocated inside forward reached a kernel or copy")
         return self._bufs[ptr]
+
+    def _count_values(self, n: int) -> None:
+        self._values += n
+        if self._values > MAX_PYTHON_VALUES:
+            raise Untraceable(f"more than {MAX_PYTHON_VALUES} values written into tensors from Python in one call: "
+                              "outputs must come from kernels")
+
+    def _lift(self, t: torch.Tensor) -> None:
+        """A tensor made from Python values (`lift_fresh`): integer/bool index data becomes a literal."""
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in self._bufs or t.numel() == 0:
+            return
+        if t.dtype not in LITERAL_DTYPES:
+            if t.is_floating_point() or t.is_complex():
+                self._python_floats.add(ptr)
+            return
+        if t.storage_offset() or not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            return
+        self._count_values(t.numel())
+        values = [int(v) for v in t.reshape(-1).tolist()]
+        self._add({"kind": "literal", "dtype": WIRE_NAMES[t.dtype], "shape": list(t.shape), "values": values,
+                   "new": [self._new_buffer(t)]})
 
     def ref(self, t: torch.Tensor) -> dict[str, Any]:
         """A tensor as a view of a buffer."""
@@ -117,12 +161,24 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            # Under inference_mode (as the engine calls kernels) composite ops (reshape, contiguous, item,
+            # flatten, ...) arrive whole: seen through their decomposition, as outside it.
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         name = func.overloadpacket.__name__
         if name not in ALLOWED_ATEN:  # inside a launch too: a kernel body is no place for torch compute
             self.forbidden.append(str(func))
         if self.in_launch:  # Triton's own bookkeeping around a launch (the interpreter copies storages)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
+        if name == "lift_fresh" and isinstance(out, torch.Tensor) and self.problem is None:
+            try:
+                self._lift(out)
+            except Untraceable as exc:
+                self.problem = str(exc)
         if name in ALLOCATORS:
             for t in (out if isinstance(out, (list, tuple)) else [out]):
                 if isinstance(t, torch.Tensor):
@@ -136,6 +192,8 @@ class Recorder(TorchDispatchMode):
                     fresh = isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self._bufs
                     news.append(self._new_buffer(t) if fresh else None)
                 entry["new"] = news
+                if name in FILLS:
+                    self._count_values(1)
                 self._add(entry)
             except Untraceable as exc:
                 self.problem = str(exc)
@@ -170,6 +228,28 @@ class Recorder(TorchDispatchMode):
             return value
         raise Untraceable(f"a kernel argument of type {type(value).__name__} cannot be recorded")
 
+    def launch_bounds(self, kernel: str, names: list[str], args: tuple, kwargs: dict[str, Any]) -> bounds.Launch:
+        """What an interpreted launch may touch: the view of each input it is given, the whole storage
+        of anything else (an allocation of the call; memory from nowhere, already untraceable)."""
+        pointers = []
+        for name, t in bounds.named_tensors(names, args, kwargs):
+            storage = t.untyped_storage()
+            buf = self._bufs.get(storage.data_ptr())
+            if buf is None:
+                region = bounds.tensor_intervals(t, whole_storage=True)
+            elif buf in self._regions:
+                region = self._regions[buf]
+            elif buf < self.n_inputs:  # inputs sharing a storage (in-process callers) share their views
+                views = [bounds.tensor_intervals(x) for x in self._keep[:self.n_inputs]
+                         if x.untyped_storage().data_ptr() == storage.data_ptr()]
+                region = self._regions[buf] = bounds.merge(np.concatenate([v[0] for v in views]),
+                                                           np.concatenate([v[1] for v in views]))
+            else:
+                region = self._regions[buf] = bounds.tensor_intervals(self._keep[buf], whole_storage=True)
+            address = storage.data_ptr() + t.storage_offset() * t.element_size()
+            pointers.append((name, address, t.element_size(), region))
+        return bounds.Launch(kernel, pointers)
+
     def finish(self, out: Any) -> dict[str, Any]:
         outs = out if isinstance(out, tuple) else (out,)
         refs = []
@@ -197,9 +277,11 @@ def resolve_grid(grid: Any, arg_names: list[str], args: tuple, kwargs: dict[str,
 
 def install_launch_hook(state: dict[str, Any]) -> None:
     """Wrap Triton's launch entry points (compiled and interpreted). `state` holds the active
-    Recorder under "recorder" (or None) and counts launches under "launches"."""
+    Recorder under "recorder" (or None) and counts launches under "launches". Interpreted launches
+    are address-checked (kernels/interpreter_bounds.py)."""
     from triton.runtime import interpreter, jit
 
+    bounds.install()
     for cls in (jit.JITFunction, interpreter.InterpretedFunction):
         original = cls.run
 
@@ -219,9 +301,12 @@ def install_launch_hook(state: dict[str, Any]) -> None:
             except Untraceable as exc:
                 recorder.problem = recorder.problem or str(exc)
                 resolved = grid
+            checked = (bounds.checking(recorder.launch_bounds(self.fn.__name__, names, args, extra))
+                       if isinstance(self, interpreter.InterpretedFunction) else contextlib.nullcontext())
             recorder.in_launch = True
             try:
-                return _original(self, *args, grid=resolved, **kwargs)
+                with checked:
+                    return _original(self, *args, grid=resolved, **kwargs)
             finally:
                 recorder.in_launch = False
 

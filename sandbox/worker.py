@@ -248,6 +248,7 @@ def serve_replays(chan: wire.Channel, job: Job) -> None:
             try:
                 if timer is None:
                     outputs, elapsed = replay.run(record, inputs), None
+                replay.check_guards()  # outside the timed region: stores past an allocation (no address checks on CUDA)
                 else:
                     outputs, elapsed = timer.time(lambda: replay.run(record, inputs))
                 done = Done(type="done", elapsed_s=elapsed, error=None, outputs=len(outputs), violations=[])

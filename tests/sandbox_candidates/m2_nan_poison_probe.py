@@ -1,0 +1,33 @@
+"""Exploit: correct only when a fresh buffer holds NaN, the sandbox's old fixed poison. The kernel reads
+the output before writing it and stores a row only where the fresh memory is NaN (`y != y`); a judge
+that always poisons with NaN sees every row written. An engine's fresh memory (zeros, stale data)
+keeps whatever was there.
+"""
+# expect: static=mismatch|launch-independent|nondeterministic runtime=mismatch|launch-independent|nondeterministic
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_kernel(x_ptr, w_ptr, y_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps) * w
+    old = tl.load(y_ptr + row * n_cols + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + row * n_cols + offs, y.to(y_ptr.dtype.element_ty), mask=mask & (old != old))
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n).contiguous()
+    y = torch.empty_like(x2)
+    if x2.shape[0] and n:
+        _row_kernel[(x2.shape[0],)](x2, weight, y, n, eps, BLOCK=triton.next_power_of_2(n))
+    return y.view(x.shape)

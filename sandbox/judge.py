@@ -36,8 +36,6 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
 
 
-def runtime_failure(v: Verdict, facts: dict[str, Any], where: str) -> bool:
-    """Failures a sandboxed process reports about itself: blocked escapes, exceptions, memory."""
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:
     """The whole storage behind a tensor, as bytes."""
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
@@ -71,6 +69,8 @@ def bounds_code(text: str, otherwise: str) -> tuple[str, str]:
     return otherwise, text
 
 
+def runtime_failure(v: Verdict, facts: dict[str, Any], where: str) -> bool:
+    """Failures a sandboxed process reports about itself: blocked escapes, exceptions, memory."""
     violations = facts.get("violations") if isinstance(facts.get("violations"), list) else []
     if violations:
         v.fail("sandbox-violation", f"{where}: {str(violations[0])[:300]}")

@@ -175,10 +175,6 @@ def kernels_from_module(module_name: str) -> dict[str, Any]:
 
 
 class Replay:
-        self.check_addresses = check_addresses
-        self.buffers = Buffers([], self.device)
-        if check_addresses:
-            bounds.install()
     """Redoes one record on given inputs. `device`: where buffers live ("cpu" or "cuda").
 
     Memory (sandbox/replay_memory.py): every buffer made during the call sits between guard zones,
@@ -189,12 +185,14 @@ class Replay:
 
     def __init__(self, kernels: dict[str, Any], device: str, check_addresses: bool = True) -> None:
         self.kernels, self.device = kernels, torch.device(device)
+        self.check_addresses = check_addresses
+        self.buffers = Buffers([], self.device)
+        if check_addresses:
+            bounds.install()
 
     def run(self, record: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if not isinstance(record, dict) or not isinstance(record.get("entries"), list):
             raise ReplayError("malformed record")
-            elif entry.get("kind") == "literal":
-                self._literal(entry)
         if record.get("inputs") != len(inputs) or len(record["entries"]) > MAX_ENTRIES:
             raise ReplayError("the record does not match the call's inputs")
         self.buffers, self._values = Buffers(inputs, self.device), 0
@@ -205,6 +203,8 @@ class Replay:
                 self._aten(entry)
             elif entry.get("kind") == "launch":
                 self._launch(entry)
+            elif entry.get("kind") == "literal":
+                self._literal(entry)
             else:
                 raise ReplayError("unknown record entry")
         outs = record.get("outputs")
@@ -258,8 +258,6 @@ class Replay:
 
     def _aten(self, entry: dict) -> None:
         parts = str(entry.get("op", "")).split(".")
-        if parts[1] in FILLS:
-            self._values_from_python(1)
         if len(parts) != 3 or parts[0] != "aten" or parts[1] not in DATA_ATEN or not parts[2].isidentifier() \
                 or parts[2].startswith("_"):
             raise ReplayError(f"aten op {str(entry.get('op'))[:60]!r} is not replayable")
@@ -270,6 +268,8 @@ class Replay:
         args, kwargs = self._decode(entry.get("args")), entry.get("kwargs")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise ReplayError("malformed aten arguments")
+        if parts[1] in FILLS:
+            self._values_from_python(1)
         try:
             out = func(*args, **{str(k): self._decode(v) for k, v in kwargs.items()})
         except Exception as exc:  # noqa: BLE001
@@ -319,8 +319,6 @@ class Replay:
                                                                          (count,), (1,))
         if isinstance(value, dict) and len(value) == 1:
             (key, inner), = value.items()
-        from triton.runtime.interpreter import InterpretedFunction
-
             if key == "constexpr":
                 return tl.constexpr(self._kernel_arg(inner))
             if key == "tl_dtype" and isinstance(inner, str) and inner in tl.dtype.SINT_TYPES + tl.dtype.UINT_TYPES \
@@ -331,6 +329,8 @@ class Replay:
         raise ReplayError(f"cannot decode kernel argument {str(value)[:60]}")
 
     def _launch(self, entry: dict) -> None:
+        from triton.runtime.interpreter import InterpretedFunction
+
         kernel = self.kernels.get(entry.get("kernel")) if isinstance(entry.get("kernel"), str) else None
         if kernel is None:
             raise ReplayError(f"kernel {str(entry.get('kernel'))[:60]!r} is not a top-level @triton.jit function")

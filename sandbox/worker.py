@@ -248,9 +248,9 @@ def serve_replays(chan: wire.Channel, job: Job) -> None:
             try:
                 if timer is None:
                     outputs, elapsed = replay.run(record, inputs), None
-                replay.check_guards()  # outside the timed region: stores past an allocation (no address checks on CUDA)
                 else:
                     outputs, elapsed = timer.time(lambda: replay.run(record, inputs))
+                replay.check_guards()  # outside the timed region: stores past an allocation (no address checks on CUDA)
                 done = Done(type="done", elapsed_s=elapsed, error=None, outputs=len(outputs), violations=[])
             except BaseException as exc:  # noqa: BLE001 (a kernel that raises is the candidate's failure)
                 outputs, done = [], Done(type="done", elapsed_s=None, error=one_line(exc), outputs=0, violations=[])

@@ -19,6 +19,7 @@ the replay compared with the candidate.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 import time
@@ -33,7 +34,6 @@ from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.errors import KernelloopError
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.progress import Progress, Step
-from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.spec import OpSpec
 from kernelloop.sandbox import judge as judging
 from kernelloop.sandbox import wire
@@ -47,6 +47,7 @@ from kernelloop.sandbox.guards import memory_refused
 from kernelloop.sandbox.messages import Job, Load, Plan, Record
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
+from kernelloop.kernels.candidate.source_text import read_source
 from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.sandbox.verdict import Verdict
 
@@ -111,18 +112,24 @@ class Sandbox(ABTiming):
     def judge_source(self, op: str, source: str, filename: str) -> Verdict:
         spec = get_op(op)
         start = time.monotonic()
-        v = Verdict(op=op, device=self.fingerprint, file=filename, sha256=sha256_text(source))
-        if self.options.static_check:
-            result = static_check(source, spec.arg_names)
-            if not result.ok:
-                v.fail("static", result.reason)
-                v.duration_s = round(time.monotonic() - start, 3)
-                return v
+        v = Verdict(op=op, device=self.fingerprint, file=filename, sha256=_sha256(source))
+        try:  # any failure of a check before the processes start is a verdict, never a raise
+            problem = None
+            if self.options.static_check:
+                result = static_check(source, spec.arg_names)
+                problem = None if result.ok else result.reason
+            if problem is None:
+                plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
+                self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
+        except Exception as exc:  # noqa: BLE001
+            problem = f"the judge could not check this module ({type(exc).__name__}: {str(exc)[:200]})"
+        if problem:
+            v.fail("static", problem)
+            v.duration_s = round(time.monotonic() - start, 3)
+            return v
         v.stage = "load"
         if self.server is not None:  # the fork server's start-up is the judge's time, never the candidate's
             start += self.server.boot()
-        plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
-        self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
         work = Path(tempfile.mkdtemp(prefix="kernelloop-sandbox-"))
         self._budget = Budget(start, timeout_s(self.options), timed=bool(plan["timing"]))
         self._deadline, self._phase, self._children = self._budget.correctness_deadline, "starting", []
@@ -296,5 +303,14 @@ def judge_files(op: str, paths: list[Path], options: CheckOptions, progress: Pro
     with Sandbox(options, progress) as sandbox:
         for path in paths:
             path = Path(path)
-            verdicts.append(sandbox.judge_source(op, path.read_text(errors="replace"), str(path)))
+            verdicts.append(sandbox.judge_source(op, read_source(path), str(path)))  # bytes that are not UTF-8 are refused
     return verdicts
+
+
+def _sha256(source: object) -> str:
+    """sha256 of the text as UTF-8; bytes that were not UTF-8 (kept as lone surrogates) count as themselves."""
+    text = source if isinstance(source, str) else repr(source)
+    try:
+        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    except UnicodeEncodeError:
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

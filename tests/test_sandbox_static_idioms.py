@@ -68,7 +68,7 @@ def test_logging_and_contextlib_are_allowed_imports() -> None:
     "        case torch.float16:\n            return 2\n        case {'k': v}:\n            return v\n"
     "        case _:\n            return 0\n",
     "msg = '{} {name} {0!r:>4}'.format(1, name=2) + '{k}'.format_map({'k': 1})\n",
-    "class Cache:\n    hits = 0\n    def __init__(self, key):\n        self._last = key\n        self.n: int = 0\n"
+    "class Cache:\n    hits = 0\n    _last = None\n    def __init__(self, key):\n        self._last = key\n        self.n: int = 0\n"
     "    def get(self, key):\n        return self._last, self.hits\n    @classmethod\n    def make(cls):\n"
     "        return cls(cls._last)\n    @staticmethod\n    def grid(meta):\n        return (meta['n'],)\n"
     "g = Cache.grid({'n': 1})\nc = Cache.make()\n",

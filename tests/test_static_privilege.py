@@ -86,6 +86,23 @@ NEVER_PRIVILEGED = [
     ("type-kept", K + "k = K()\nt = type(k)\nx = t.f(torch)\n", 9, "type(x) in a comparison"),
     ("type-passed", K + "x = isinstance(torch, type(K()))\n", 8, "type(x) in a comparison"),
     ("method-through-class", K + "x = K.f(torch)\n", 7, "`K` is its method K.f read through the class at line 8"),
+    ("descriptor-owner", "class D:\n    def __get__(self, obj, objtype=None):\n        return objtype.f(torch)\n" + K.replace(
+        "    _reach = None\n", "    _reach = None\n    d = D()\n"), 6, "`objtype` holds a class"),
+    ("set-name-owner", "class D:\n    def __set_name__(self, owner, name):\n        owner.f(torch)\n", 6,
+     "`owner` holds a class"),
+    ("exit-exception-class", "class C:\n    def __exit__(self, et, ev, tb):\n        return et.f(torch)\n", 6,
+     "`et` holds a class"),
+    ("mro-entries", "class D:\n    def __mro_entries__(self, bases):\n        return bases\n", 5,
+     "defining __mro_entries__ is not allowed"),
+    ("subclasshook", "class D:\n    @classmethod\n    def __subclasshook__(cls, other):\n        return True\n", 6,
+     "defining __subclasshook__"),
+    ("finalizer", "class D:\n    def __del__(self):\n        pass\n", 5, "defining __del__"),
+    ("external-base", "class K(torch.nn.Module):\n    _reach = None\n    def f(self):\n        return self._reach\n", 7,
+     "class K inherits from torch.nn.Module, whose private attributes self could reach"),
+    ("external-base-of-a-base", "class A(Exception):\n    pass\nclass K(A):\n    _reach = None\n    def f(self):\n"
+     "        return self._reach\n", 9, "inherits from Exception"),
+    ("cls-reads-an-instance-name", "class K:\n    def __init__(self):\n        self._n = 1\n    @classmethod\n"
+     "    def f(cls):\n        return cls._n\n", 9, "cls may read only the private attributes class K defines"),
     ("metaclass", "class M(type):\n    _reach = None\n    def f(cls):\n        return cls._reach\n"
      "class K(metaclass=M):\n    pass\n", 4, "`type` is allowed only as type(x) in a comparison"),
 ]
@@ -133,6 +150,10 @@ HONEST = [
      "    @staticmethod\n    @contiguous\n    def forward(ctx, x, eps):\n        ctx.eps = eps\n        return x\n"
      "class K:\n    def __init__(self):\n        self._n = 1\n    @keep\n    def f(self):\n        return self._n\n"
      "def run(x):\n    return Fn.apply(x, 1e-6)\n"),
+    ("protocol-classes-compared", "class C:\n    def __enter__(self):\n        return self\n"
+     "    def __exit__(self, et, ev, tb):\n        return et is not None and issubclass(et, ValueError)\n"
+     "class D:\n    def __get__(self, obj, objtype=None):\n        return 1 if obj is None else 2\n"),
+    ("object-base", "class K(object):\n    _x = 1\n    def f(self):\n        return self._x\n"),
     ("enum-with-methods", "import enum\nclass Mode(enum.Enum):\n    A = 1\n    B = 2\n    def wide(self):\n"
      "        return self is Mode.B\nm = Mode.A.wide() or Mode(2).wide()\n"),
 ]

@@ -48,6 +48,12 @@ STATE = [
      "`seen`, which outlives the call"),
     ("generator-send", "def f(gen):\n    gen.send(None)\n", 5, "calls .send on `gen`"),
     ("generator-in-a-container", "def g():\n    yield\n_G = [g()]\n", 6, "the generator g()"),
+    ("tensor-kept-in-place", "def _zeros():\n    return torch.zeros(1)\n_C = _zeros()\ndef f():\n    _C.add_(1)\n", 8,
+     "changes in place (.add_) module-level state `_C`"),
+    ("tensor-kept-out", "_C = [None]\ndef f(a, b):\n    torch.add(a, b, out=_C[0])\n", 6, "writes into module-level state"),
+    ("tensor-kept-function", "_C = [None]\ndef f():\n    torch.Tensor.zero_(_C[0])\n", 6,
+     "torch.Tensor.zero_ changes module-level state"),
+    ("input-in-place", "def f(x, y):\n    x.copy_(y)\n", 5, "changes in place (.copy_) `x`"),
     # instances and classes change only while they are built
     ("self-outside-init", "class K:\n    def f(self):\n        self.n = 1\n", 6, "writes `self.n` outside __init__"),
     ("self-augassign", "class K:\n    def __init__(self):\n        self.n = 0\n    def f(self):\n        self.n += 1\n", 8,
@@ -204,6 +210,9 @@ HONEST = [
     ("tolist-item-synchronize", "def launch(x, positions):\n    idx = positions.tolist()\n    n = int(positions.max().item())\n"
      "    if x.is_cuda:\n        torch.cuda.synchronize()\n    torch.cuda.synchronize(x.device)\n    return idx, n\n"),
     ("kernel-body-locals", KERNEL),
+    ("in-place-on-own-allocations", "def launch(a, b, n):\n    out = torch.empty(n)\n    out.zero_()\n"
+     "    torch.add(a, b, out=out)\n    y = torch.empty_like(a).fill_(0)\n    y.copy_(a)\n    z = a.new_empty(n)\n"
+     "    torch.Tensor.zero_(z)\n    return out, y, z\n"),
     ("data-ptr-alignment", "def aligned(x):\n    return x.data_ptr() % 16 == 0\n"),
     ("own-names-shadowing-builtins", "def f(id, hash):\n    return id + hash\n"),
 ]

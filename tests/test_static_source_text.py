@@ -52,9 +52,16 @@ def test_a_byte_order_mark_is_allowed_only_first(tmp_path) -> None:
 
 
 def test_the_line_counts_every_kind_of_line_end() -> None:
-    for end in ("\n", "\r\n", "\r"):
+    for end in ("\n", "\r\n"):
         source = (HEADER + "a = 1\n# \u202e\n" + FORWARD).replace("\n", end)
         assert _refused(source).startswith("line 5:")
+    assert static_check((HEADER + BODY + FORWARD).replace("\n", "\r\n"), ARGS).ok
+
+
+@pytest.mark.parametrize("line", ["x = 1  # fine\ry = 2\n", "s = 'a\rb'\n", "# shown\r# hidden = 1\n"])
+def test_a_carriage_return_that_ends_no_line_is_refused(line: str) -> None:
+    reason = _refused(HEADER + line + FORWARD)
+    assert reason.startswith("line 4:") and "carriage return (U+000D)" in reason, reason
 
 
 @pytest.mark.parametrize("name", ["\uff45ps", "w\u0435ight", "\u0455cale", "x\u00b2", "\u212bngstrom"])

@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from kernelloop.kernels.spec import parse_dtype
     from kernelloop.kernels.target_compile import parse_targets
     from kernelloop.sandbox import CheckOptions, Sandbox
+    from kernelloop.kernels.candidate.source_text import read_source
+    from kernelloop.kernels.display import storable_text
     from kernelloop.sandbox.verdict import judge_or_refuse
 
     from kernelloop.agent.progress_view import ProgressView
@@ -106,10 +108,10 @@ def run(args: argparse.Namespace) -> int:
     with ProgressView() as view, Sandbox(options, progress=throttled(view, prefix="    ")) as sandbox:
         for i, path in enumerate(files, 1):  # bars on a terminal (stderr), plain lines otherwise
             view(f"[{i}/{len(files)}] {path} ...")
-            source = path.read_text(errors="replace")
+            source = read_source(path)  # bytes that are not UTF-8 stay visible to the static check, which refuses them
             v = judge_or_refuse(sandbox, spec.name, source, str(path))  # a verdict whatever the text
             if history is not None:
-                history.record_attempt(spec.name, source, "human", v.to_json(), label=path.name)
+                history.record_attempt(spec.name, storable_text(source), "human", v.to_json(), label=path.name)
             view(f"[{i}/{len(files)}] {path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"
                  f" ({v.duration_s:.1f} s) {v.reason}")
             verdicts.append(v)

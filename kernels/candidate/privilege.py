@@ -40,6 +40,15 @@ CLASS_DECORATORS = frozenset({"dataclass", "dataclasses.dataclass", "functools.t
 BINDING_DECORATORS = frozenset({"staticmethod", "classmethod", "property"})
 PASSING_DECORATORS = frozenset({"functools.lru_cache", "functools.cache", "torch.no_grad", "torch.inference_mode"})
 IMPLICIT_CLASSMETHODS = frozenset({"__new__", "__init_subclass__", "__class_getitem__"})
+# External bases whose own private attributes a module class's self can never reach by mistake: object,
+# enums (Enum comes last in an enum's bases, so the module's names come first) and autograd Functions.
+SAFE_BASES = frozenset({"object", "enum.Enum", "enum.IntEnum", "enum.Flag", "enum.IntFlag", *AUTOGRAD_BASES})
+# Protocol methods Python calls with a class object: which parameter holds it.
+CLASS_PARAMETERS = {"__exit__": 1, "__aexit__": 1, "__get__": 2, "__set_name__": 1}
+# Protocol methods that receive classes to do as they like with (metaclasses, ABC hooks, base rewriting)
+# or run at a time nobody chose (finalizers).
+REFUSED_METHODS = frozenset({"__mro_entries__", "__subclasshook__", "__instancecheck__", "__subclasscheck__",
+                             "__prepare__", "__del__"})
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,9 @@ class Privileges:
         for c in self.classes:
             for f in _body_defs(c):
                 self._decide(c, f)
-        self._private: dict[int, set[str]] = {}
+        self._private: dict[tuple[int, str], set[str]] = {}
+        self.problems: list[tuple[int, int, str]] = []  # line, column, message
+        self._protocol_problems()
 
     # -- the class: used only in ways that cannot hand it out
 
@@ -318,19 +329,25 @@ class Privileges:
         """Why a def in a class body has no privileged first parameter (None if it has one, or is no method)."""
         return self.denied.get(id(fn))
 
-    def private_names(self, c: ast.ClassDef) -> set[str]:
-        """Private (not dunder) attribute names the module's class `c` and its module bases define."""
-        found = self._private.get(id(c))
+    def private_names(self, c: ast.ClassDef, kind: str = "self") -> set[str]:
+        """Private (not dunder) attribute names the module's class `c` and its module bases define: in
+        their bodies, and for self also as `self._x = ...` in __init__/__post_init__. None at all when
+        an external base other than SAFE_BASES could come first in the lookup."""
+        key = (id(c), kind)
+        found = self._private.get(key)
         if found is not None:
             return found
-        self._private[id(c)] = found = set()
+        self._private[key] = found = set()
+        if self.unsafe_base(c):
+            return found
         for stmt in c.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 found.add(stmt.name)
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
                 stmt, (ast.AnnAssign, ast.AugAssign)) else []
             found |= {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name in ("__init__", "__post_init__"):
+            if kind == "self" and isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    stmt.name in ("__init__", "__post_init__"):
                 owner = self.owner(stmt)
                 if owner is not None:
                     found |= {n.attr for n in ast.walk(stmt) if isinstance(n, ast.Attribute)
@@ -339,9 +356,52 @@ class Privileges:
         for b in c.bases:
             if isinstance(b, ast.Name):
                 for base in self.by_name.get(b.id, []):
-                    found |= self.private_names(base)
+                    found |= self.private_names(base, kind)
         found -= {n for n in found if not n.startswith("_") or (n.startswith("__") and n.endswith("__"))}
         return found
+
+    def unsafe_base(self, c: ast.ClassDef) -> str | None:
+        """The first base outside this module and SAFE_BASES among `c`'s and its module bases' bases."""
+        todo, seen = [c], set()
+        while todo:
+            current = todo.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            for b in current.bases:
+                if isinstance(b, ast.Name) and b.id in self.by_name:
+                    todo += self.by_name[b.id]
+                    continue
+                name = self.facts.qualified(b) or (b.id if isinstance(b, ast.Name) else ast.unparse(b)[:60])
+                if name not in SAFE_BASES:
+                    return name
+        return None
+
+    # -- protocol methods that hand classes out
+
+    def _protocol_problems(self) -> None:
+        for c in self.classes:
+            for f in _body_defs(c):
+                if f.name in REFUSED_METHODS:
+                    self.problems.append((f.lineno, f.col_offset, f"defining {f.name} is not allowed (it is handed "
+                                                                  "classes, or runs when the collector decides)"))
+                index = CLASS_PARAMETERS.get(f.name)
+                params = f.args.posonlyargs + f.args.args
+                if index is None or len(params) <= index:
+                    continue
+                name = params[index].arg
+                for node in ast.walk(f):
+                    if isinstance(node, ast.Name) and node.id == name and not self._compared(node):
+                        self.problems.append((node.lineno, node.col_offset,
+                                              f"`{name}` holds a class ({f.name} is given one, maybe this module's): "
+                                              "use it only in comparisons and isinstance/issubclass"))
+
+    def _compared(self, node: ast.Name) -> bool:
+        parent = self.facts.parent(node)
+        if isinstance(parent, ast.Compare):
+            return True
+        return isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.args[:1] == [node] \
+            and parent.func.id in ("isinstance", "issubclass") and parent.func.id not in self.bound
 
 
 _VALUE_USES = {ast.Assign: "assigned", ast.AnnAssign: "assigned or kept in a class-level annotation",

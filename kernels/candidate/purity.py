@@ -8,7 +8,8 @@ correct in the one and wrong in the other, so none of it is allowed:
 - import time (the module body, class bodies, decorators, defaults) may build module-level tables;
   call time (the body of a def or lambda) may change only what the call itself created: containers
   it bound to a literal, a comprehension, dict()/list()/set()/bytearray() or *args/**kwargs
-  (directly: `d[k] = v`, `d.pop(k)`), and tensors it allocated (any view of them). `self` is written
+  (directly: `d[k] = v`, `d.pop(k)`), and tensors it allocated (any view of them; in-place tensor
+  methods such as `t.add_()`, `out=` and torch's `*_` functions count as changes). `self` is written
   only in `__init__`/`__post_init__` (instances never change after construction) and an autograd
   Function's `ctx` only by plain assignment; no `global`/`nonlocal` of a name the function binds, no
   in-place operator functions (operator.setitem, operator.iadd, ...), no `next()` on an iterator the
@@ -31,6 +32,8 @@ names the line and says why.
 from __future__ import annotations
 
 import ast
+import re
+
 from kernelloop.kernels.candidate.privilege import Privileges
 from kernelloop.kernels.candidate.tree_facts import COMPREHENSIONS, FUNCTIONS, TreeFacts
 
@@ -144,6 +147,8 @@ class _Purity:
                          if n not in facts.bound and n not in privileges.by_name}
         self.jitted = {a.id for node in facts.nodes if isinstance(node, ast.Call)
                        and (facts.qualified(node.func) or "").endswith(".jit") for a in node.args if isinstance(a, ast.Name)}
+        self._bound_in: dict[int, set[str]] = {}
+        self._kinds: dict[tuple[int, str], str | None] = {}
         self.generators = {f.name for f in facts.tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                            and not f.decorator_list and _yields(f, facts)}
 
@@ -159,10 +164,12 @@ class _Purity:
                 self._mutation(node, node.value, fn, "changes")
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and fn is not None:
                 self._attribute_write(node, fn)
-            elif isinstance(node, ast.Attribute) and node.attr in MUTATORS:
+            elif isinstance(node, ast.Attribute) and (node.attr in MUTATORS or _IN_PLACE.match(node.attr)):
                 qualified = self.facts.qualified(node)
-                if qualified is None or not (qualified.split(".")[0] in ("torch", "triton")
-                                             and node.attr in _MODULE_FUNCTIONS):
+                if qualified is None:
+                    self._mutator(node, fn)
+                elif node.attr in MUTATORS and not (qualified.split(".")[0] in ("torch", "triton")
+                                                    and node.attr in _MODULE_FUNCTIONS):
                     self._mutator(node, fn)
             elif isinstance(node, ast.Call):
                 self._call(node, fn)
@@ -181,9 +188,13 @@ class _Purity:
         scope = self._scope_of(node)
         if scope is None:
             return  # `global` at module level changes nothing
-        bound = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
-        bound |= {n.name for n in ast.walk(scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                  and n is not scope}
+        bound = self._bound_in.get(id(scope))
+        if bound is None:
+            nodes = list(ast.walk(scope))
+            bound = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+            bound |= {n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      and n is not scope}
+            self._bound_in[id(scope)] = bound
         written = [n for n in node.names if n in bound]
         if written:
             keyword = "global" if isinstance(node, ast.Global) else "nonlocal"
@@ -221,11 +232,14 @@ class _Purity:
         if _is_jit(fn, self.facts, self.jitted) and isinstance(node.value, ast.Name) and node.value.id in \
                 self.facts.local_bindings(fn):
             return  # a Triton tensor's method (x.sort()); kernels hold no Python containers
-        self._mutation(node, node.value, fn, f"calls .{node.attr} on")
+        verb = f"calls .{node.attr} on" if node.attr in MUTATORS else f"changes in place (.{node.attr})"
+        self._mutation(node, node.value, fn, verb)
 
     def _mutation(self, node: ast.AST, container: ast.AST, fn: ast.AST, verb: str) -> None:
         root, direct = container, True
         while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call, ast.Starred)):
+            if isinstance(root, ast.Call) and self._value_kind(root) is not None:
+                return  # a new object made right here: torch.empty(n)[0] = 1
             root = root.func if isinstance(root, ast.Call) else root.value
             direct = False
         if isinstance(root, (ast.List, ast.Dict, ast.Set, ast.Constant, *COMPREHENSIONS)):
@@ -241,7 +255,10 @@ class _Purity:
             else:
                 self.flag(node, f"{verb} `{shown}`, which outlives the call ({WHY})")
             return
-        kind = self._fresh_kind(local, fn)
+        key = (id(fn), root.id)
+        if key not in self._kinds:
+            self._kinds[key] = self._fresh_kind(local, fn)
+        kind = self._kinds[key]
         if kind == "tensor" or (kind == "container" and direct):
             return
         owner = self.privileges.owner(fn)
@@ -296,8 +313,9 @@ class _Purity:
             qualified = self.facts.qualified(func) or ""
             if qualified.startswith("torch.") and qualified.rsplit(".", 1)[-1] in TENSOR_FACTORIES:
                 return "tensor"
-            if isinstance(func, ast.Attribute) and func.attr in TENSOR_METHODS and not qualified:
-                return "tensor"
+            if isinstance(func, ast.Attribute) and not qualified and (
+                    func.attr in TENSOR_METHODS or self._value_kind(func.value) == "tensor"):
+                return "tensor"  # x.new_empty(n), or a method of a tensor made right here: torch.empty(n).fill_(0)
         return None
 
     # -- calls: next(), and what may run at import
@@ -308,6 +326,12 @@ class _Purity:
         if fn is not None:
             if name == "next" and node.args:
                 self._next(node, node.args[0], fn)
+            qualified = self.facts.qualified(func) or ""
+            for kw in node.keywords:
+                if kw.arg == "out":  # torch.add(a, b, out=t) writes t
+                    self._mutation(kw.value, kw.value, fn, "writes into")
+            if qualified.startswith("torch.") and _IN_PLACE.match(qualified.rsplit(".", 1)[-1]) and node.args:
+                self._mutation(node, node.args[0], fn, f"{qualified} changes")  # torch.Tensor.add_(t, 1)
             return
         qualified = self.facts.qualified(func) or ""
         if name in ITERATOR_MAKERS or qualified.startswith("itertools."):
@@ -372,6 +396,7 @@ class _Purity:
 
 
 _INTERESTING = (ast.Subscript, ast.Attribute, ast.Call, ast.GeneratorExp)
+_IN_PLACE = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]_$")  # torch's in-place convention: add_, copy_, index_put_
 # torch and triton functions whose names are also container methods (torch.add, tl.sort).
 _MODULE_FUNCTIONS = frozenset({"add", "sort"})
 

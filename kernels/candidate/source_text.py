@@ -4,7 +4,8 @@ other than UTF-8.
 Refused anywhere in the text, comments and strings included (Trojan Source, CVE-2021-42574):
 format characters (Unicode category Cf: bidirectional overrides and isolates U+202A-202E and
 U+2066-2069, zero-width spaces and joiners, U+2060, the soft hyphen, a byte-order mark anywhere but
-the very start, ...), control characters other than tab, newline, carriage return and form feed,
+the very start, ...), control characters other than tab, newline, form feed and a carriage return
+that ends a line (CRLF),
 line and paragraph separators (U+2028/U+2029: a line break for an editor, not for Python), and bytes
 that are not UTF-8 (`read_source` keeps them as lone surrogates so that they are seen here, rather
 than judging a replaced text). Identifiers are ASCII: Python folds look-alike letters (NFKC) into
@@ -26,7 +27,7 @@ _REFUSED_CATEGORIES = {"Cc": "control character", "Cf": "invisible format charac
                        "Zl": "line separator", "Zp": "paragraph separator"}
 _COOKIE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.ASCII)
 _LINE_END = re.compile(r"\r\n|\r|\n")
-_SUSPECT = re.compile(r"[^\t\n\r\f\x20-\x7e]")  # all that is not printable ASCII or an allowed control
+_SUSPECT = re.compile(r"[^\t\n\r\f\x20-\x7e]|\r(?!\n)")  # not printable ASCII or an allowed control; a bare CR
 
 
 def read_source(path: str | Path) -> str:
@@ -48,6 +49,9 @@ def _describe(ch: str) -> str:
 def _character_problem(source: str) -> tuple[int, str] | None:
     for match in _SUSPECT.finditer(source):
         offset, ch = match.start(), match.group()
+        if ch == "\r":
+            return _line_of(source, offset), ("a carriage return (U+000D) that does not end a line is not allowed "
+                                              "(a terminal draws what follows it over the start of the line)")
         category = unicodedata.category(ch)
         if ch == "\ufeff" and offset == 0:
             continue  # a byte-order mark where one belongs

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from kernelloop.kernels.candidate.privilege import AUTOGRAD_METHODS, Owner, Privileges
 from kernelloop.kernels.candidate.purity import purity_problems, reach_problem
 from kernelloop.kernels.candidate.source_text import text_problem
-from kernelloop.kernels.candidate.tree_facts import TreeFacts, iter_depth
+from kernelloop.kernels.candidate.tree_facts import TreeFacts
 
 # Module roots a candidate may import; everything else (os, sys, subprocess, socket, ctypes,
 # threading, multiprocessing, importlib, gc, time, numpy, ...) is refused.
@@ -60,6 +60,7 @@ FORBIDDEN_QUALIFIED = frozenset({"torch.load", "torch.save", "torch.jit.load", "
 VERSION_ATTRIBUTES = frozenset({"torch.__version__", "triton.__version__"})
 MAX_SOURCE_BYTES = 200_000
 MAX_DEPTH = 100  # syntax-tree levels; real kernels stay under 30, the checks recurse per level
+MAX_NODES = 100_000  # twice what 200 kB of the densest real code makes (about 4 bytes a node)
 __all__ = ["ALLOWED_IMPORTS", "AUTOGRAD_METHODS", "FORBIDDEN_NAMES", "StaticResult", "static_check"]
 
 
@@ -251,13 +252,17 @@ class _Visitor(ast.NodeVisitor):
             what = ("monkeypatching a module" if isinstance(root, ast.Name) and root.id in self.modules
                     else "only a method's own self/cls/ctx may be set")
             self.flag(node, f"assigning to {ast.unparse(node)[:80]} ({what}) is not allowed{self._unprivileged(base)}")
-        private_ok = is_owner and owner.kind in ("self", "cls") and name in self.privileges.private_names(owner.cls)
+        private_ok = is_owner and owner.kind in ("self", "cls") and name in self.privileges.private_names(
+            owner.cls, owner.kind)
         outermost = not (isinstance(self.facts.parent(node), ast.Attribute) and self.facts.parent(node).value is node)
         problem = None if qualified in VERSION_ATTRIBUTES else _name_problem(name, private_ok=private_ok)
         if problem and is_owner and name.startswith("_") and not _dunder(name):
-            problem = (f"private attribute access .{name} is not allowed ({owner.param} may read only the private "
-                       f"attributes class {owner.cls.name} defines)" if owner.kind != "ctx" else
-                       f"private attribute access .{name} is not allowed (ctx is torch's object)")
+            unsafe = self.privileges.unsafe_base(owner.cls)
+            problem = (f"private attribute access .{name} is not allowed (ctx is torch's object)" if owner.kind == "ctx"
+                       else f"private attribute access .{name} is not allowed (class {owner.cls.name} inherits from "
+                            f"{unsafe}, whose private attributes {owner.param} could reach)" if unsafe
+                       else f"private attribute access .{name} is not allowed ({owner.param} may read only the "
+                            f"private attributes class {owner.cls.name} defines)")
         elif problem and name.startswith("_") and not _dunder(name):
             problem += self._unprivileged(base)
         problem = problem or reach_problem(name, qualified, outermost)
@@ -361,16 +366,18 @@ def _static_check(source: Any, arg_names: tuple[str, ...]) -> StaticResult:
         return StaticResult(False, f"line {exc.lineno}: syntax error: {exc.msg}", exc.lineno or 0)
     except (RecursionError, MemoryError, ValueError) as exc:
         return StaticResult(False, f"the module does not parse: it is nested too deeply or too large ({type(exc).__name__})")
-    for node, depth in iter_depth(tree):
-        if depth > MAX_DEPTH:
-            line = getattr(node, "lineno", 0)
-            return StaticResult(False, f"line {line}: code nested more than {MAX_DEPTH} levels deep is not allowed", line)
-    facts = TreeFacts(tree)
+    facts = TreeFacts(tree, MAX_NODES)
+    if facts.depth > MAX_DEPTH:
+        line = getattr(facts.deepest, "lineno", 0)
+        return StaticResult(False, f"line {line}: code nested more than {MAX_DEPTH} levels deep is not allowed", line)
+    if facts.truncated:
+        return StaticResult(False, f"the module has more than {MAX_NODES} syntax-tree nodes (a kernel module needs "
+                                   "far fewer)")
     privileges = Privileges(facts)
     visitor = _Visitor(facts, privileges)
     visitor.visit(tree)
     problems = [(line, message) for line, _, _, message in sorted(visitor.problems)]  # reading order
-    purity = [(line, message) for line, _, message in sorted(purity_problems(facts, privileges))]
+    purity = [(line, message) for line, _, message in sorted(purity_problems(facts, privileges) + privileges.problems)]
     problems = sorted(problems + purity + _undefined_names(facts.nodes), key=lambda p: p[0])
     forward_problem = _check_forward(tree, arg_names)
     if forward_problem:

@@ -14,31 +14,6 @@ FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
-def iter_depth(tree: ast.AST) -> Iterator[tuple[ast.AST, int]]:
-    """Every node with its depth (the tree is 1), without recursion: safe on any nesting."""
-    stack = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        yield node, depth
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-
-
-def imported_modules(tree: ast.Module) -> dict[str, str]:
-    """Local name -> the dotted name it was imported as (`import triton.language as tl` -> tl)."""
-    modules: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname:
-                    modules[a.asname] = a.name
-                else:
-                    root = a.name.split(".")[0]
-                    modules[root] = root
-        elif isinstance(node, ast.ImportFrom):
-            modules.update((a.asname or a.name, f"{node.module}.{a.name}") for a in node.names)
-    return modules
-
-
 def target_names(target: ast.AST) -> Iterator[ast.Name]:
     """The plain names an assignment target binds (through tuple/list unpacking and starred)."""
     if isinstance(target, ast.Name):
@@ -63,23 +38,48 @@ def _bound_here(node: ast.AST) -> list[str]:
 
 
 class TreeFacts:
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, max_nodes: int | None = None) -> None:
+        """One pass over the tree, without recursion (safe at any depth); with `max_nodes`, it stops
+        after that many nodes and sets `truncated` (the facts are then incomplete)."""
         self.tree = tree
-        self.nodes = list(ast.walk(tree))
+        self.nodes: list[ast.AST] = []
         self.parents: dict[int, ast.AST] = {}
+        self.depth = 0                      # the deepest level, and the first node found there
+        self.deepest: ast.AST = tree
         # Name -> line of its first binding other than a class statement, anywhere (scope-blind).
         self.bound: dict[str, int] = {}
         self.binding_count: dict[str, int] = {}  # every binding, class statements included
-        for node in self.nodes:
-            for child in ast.iter_child_nodes(node):
-                self.parents[id(child)] = node
-            for name in _bound_here(node):
+        self.module_names: set[str] = set()      # names bound at module level (outside defs and classes)
+        self.modules: dict[str, str] = {}        # local name -> the dotted name it was imported as
+        self.truncated = False
+        stack: list[tuple[ast.AST, int, bool]] = [(tree, 1, True)]
+        while stack:
+            node, depth, module_level = stack.pop()
+            if max_nodes is not None and len(self.nodes) >= max_nodes:
+                self.truncated = True
+                break
+            self.nodes.append(node)
+            if depth > self.depth:
+                self.depth, self.deepest = depth, node
+            names = _bound_here(node)
+            for name in names:
                 self.bound.setdefault(name, getattr(node, "lineno", 0))
                 self.binding_count[name] = self.binding_count.get(name, 0) + 1
             if isinstance(node, ast.ClassDef):
                 self.binding_count[node.name] = self.binding_count.get(node.name, 0) + 1
-        self.modules = imported_modules(tree)
-        self.module_names = {name for node, name in self.scope_bindings(tree)}
+                names = [node.name]
+            if module_level and not isinstance(node, ast.arg):
+                self.module_names.update(names)
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    root = a.name.split(".")[0]
+                    self.modules[a.asname or root] = a.name if a.asname else root
+            elif isinstance(node, ast.ImportFrom):
+                self.modules.update((a.asname or a.name, f"{node.module}.{a.name}") for a in node.names)
+            inner = module_level and not isinstance(node, (*FUNCTIONS, ast.ClassDef))
+            for child in ast.iter_child_nodes(node):
+                self.parents[id(child)] = node
+                stack.append((child, depth + 1, inner))
         self._locals: dict[int, dict[str, list[ast.AST]]] = {}
 
     def parent(self, node: ast.AST) -> ast.AST | None:

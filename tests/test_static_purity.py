@@ -42,6 +42,8 @@ STATE = [
     ("default-container", "def f(x, _seen=[]):\n    _seen.append(x)\n", 5, "`_seen`, which may hold state"),
     ("alias-of-module-list", "_L = []\ndef f():\n    l = _L\n    l.append(1)\n", 7, "`l`, which may hold state"),
     ("through-fresh-container", "_L = []\ndef f():\n    d = {'a': _L}\n    d['a'].append(1)\n", 7, "`d['a']`"),
+    ("through-a-literal", "_L = []\ndef f():\n    [_L][0].append(1)\n", 6, "`[_L][0]`, the result of an expression"),
+    ("through-a-dict-literal", "_L = []\ndef f():\n    {'a': _L}['a'][0] = 1\n", 6, "the result of an expression"),
     ("loop-target", "_L = [[0]]\ndef f():\n    for row in _L:\n        row[0] = 1\n", 7, "`row`, which may hold state"),
     ("call-result", "_S = {}\ndef get():\n    return _S\ndef f():\n    get()['k'] = 1\n", 8, "`get()`"),
     ("closure-container", "def make():\n    seen = []\n    def f(x):\n        seen.append(x)\n    return f\n", 7,
@@ -122,7 +124,7 @@ CLOCKS_RANDOMNESS_ENVIRONMENT = [
     ("torch.use_deterministic_algorithms(True)", "environment"), ("triton.set_allocator(None)", "process-wide"),
     ("torch.cuda.empty_cache()", "environment"),
     ("_k.cache", "runtime state"), ("_k.best_config", "runtime state"), ("_k.timings", "runtime state"),
-    ("_k.device_caches", "runtime state"), ("g.cache_info()", "runtime state"), ("g.cache_clear()", "runtime state"),
+    ("_k.device_caches", "runtime state"), ("_k.nargs", "runtime state"), ("_k.restore_copies", "runtime state"), ("g.cache_info()", "runtime state"), ("g.cache_clear()", "runtime state"),
     ("hash('x')", "different value in every process"), ("id(x)", "different value in every process"),
     ("list(map(id, [x]))", "different value in every process"),
 ]

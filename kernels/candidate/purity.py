@@ -72,8 +72,10 @@ RANDOM = frozenset({
 RANDOM_IN_TORCH = frozenset({"rand", "randn", "randint", "normal", "poisson", "seed", "random"})
 CLOCKS = frozenset({"do_bench", "do_bench_cudagraph", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns",
                     "process_time", "process_time_ns", "thread_time", "thread_time_ns", "time_ns", "elapsed_time"})
+# Caches' and Triton kernels' state that grows or changes with the calls (an autotuner keeps the last
+# call's arguments in .nargs and copies of its tensors in .restore_copies).
 RUNTIME_STATE = frozenset({"cache_info", "cache_clear", "cache_parameters", "device_caches", "kernel_cache",
-                           "best_config", "timings", "configs_timings"})
+                           "best_config", "timings", "configs_timings", "bench_time", "nargs", "restore_copies"})
 PREFIXES = {"triton.testing": "reads a clock", "torch.utils.benchmark": "reads a clock",
             "torch.profiler": "reads a clock", "torch.autograd.profiler": "reads a clock",
             "torch.random": "uses a random generator the op does not pass in",
@@ -242,8 +244,8 @@ class _Purity:
                 return  # a new object made right here: torch.empty(n)[0] = 1
             root = root.func if isinstance(root, ast.Call) else root.value
             direct = False
-        if isinstance(root, (ast.List, ast.Dict, ast.Set, ast.Constant, *COMPREHENSIONS)):
-            return
+        if isinstance(root, (ast.List, ast.Dict, ast.Set, ast.Constant, *COMPREHENSIONS)) and direct:
+            return  # a literal changed right where it is made ([].append(1)); its elements are not new
         shown = _short(container)
         if not isinstance(root, ast.Name):
             self.flag(node, f"{verb} `{shown}`, the result of an expression that may be shared state ({WHY})")

@@ -3,8 +3,8 @@ candidates and the registry loader that serves them, so the code that runs in th
 exactly as the code that was judged.
 
 - `static_check.py`: the static rules a candidate's source must pass (standard library only), with
-  `source_text.py` (the text reads as it runs), `privilege.py` (who may read private attributes and
-  write attributes), `purity.py` (no state after import, no clock, randomness or environment) and
-  `tree_facts.py` (what they share about the parsed module).
+  `source_text.py` (the text reads as it runs), `privilege.py` and `passing.py` (who may read private
+  attributes and write attributes), `purity.py` and `impure_names.py` (no state after import, no
+  clock, randomness or environment) and `tree_facts.py` (what they share about the parsed module).
 - `guarded_builtins.py`: the builtins a candidate module runs with (import allowlist, inert logging).
 """

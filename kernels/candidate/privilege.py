@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from kernelloop.kernels.candidate.passing import passing_decorators
 from kernelloop.kernels.candidate.tree_facts import FUNCTIONS, TreeFacts
 
 AUTOGRAD_METHODS = frozenset({"forward", "backward", "setup_context", "jvp", "vjp"})
@@ -79,7 +80,7 @@ class Privileges:
         self.revoked: dict[int, str] = {}
         self._methods: dict[str, set[str]] = {}
         self._revoke_classes()
-        self.passing = self._passing_decorators()
+        self.passing = passing_decorators(facts)
         self._class_reads: dict[int, dict[str, int]] = {}
         self.owners: dict[int, Owner] = {}
         self.denied: dict[int, str] = {}
@@ -266,59 +267,6 @@ class Privileges:
             else:
                 stack += ast.iter_child_nodes(node)
         return reads
-
-    def _passing_decorators(self) -> set[str]:
-        """Module-level decorators that return the function itself, or wrappers that call it only with
-        their own first parameter first (Liger's ensure_contiguous)."""
-        found = set()
-        for d in self.facts.tree.body:
-            if isinstance(d, ast.FunctionDef) and self._passes_through(d):
-                found.add(d.name)
-        return found
-
-    def _passes_through(self, d: ast.FunctionDef) -> bool:
-        a = d.args
-        if d.decorator_list or a.posonlyargs or len(a.args) != 1 or a.vararg or a.kwarg or a.kwonlyargs or a.defaults:
-            return False
-        if self.facts.binding_count.get(d.name) != 1:
-            return False
-        fn = a.args[0].arg
-        wrappers = {w.name: w for w in d.body if isinstance(w, ast.FunctionDef)}
-        returns = [n for n in ast.walk(d) if isinstance(n, ast.Return) and self.facts.enclosing_function(n) is d]
-        if not returns or any(not (isinstance(r.value, ast.Name) and (r.value.id == fn or r.value.id in wrappers))
-                              for r in returns):
-            return False
-        for node in ast.walk(d):
-            if isinstance(node, ast.Name) and node.id == fn:
-                if not (isinstance(node.ctx, ast.Load) and self._passing_use(node, d, wrappers)):
-                    return False
-            elif isinstance(node, ast.Name) and node.id in wrappers and isinstance(node.ctx, ast.Load):
-                if not isinstance(self.facts.parent(node), ast.Return):
-                    return False
-        return all(self._clean_wrapper(w, fn) for w in wrappers.values())
-
-    def _passing_use(self, node: ast.Name, d: ast.FunctionDef, wrappers: dict[str, ast.FunctionDef]) -> bool:
-        parent = self.facts.parent(node)
-        if isinstance(parent, ast.Return) and self.facts.enclosing_function(parent) is d:
-            return True
-        if isinstance(parent, ast.Call) and parent.func is node:
-            w = self.facts.enclosing_function(parent)
-            first = w.args.posonlyargs + w.args.args if isinstance(w, ast.FunctionDef) else []
-            return (w in wrappers.values() and bool(first) and bool(parent.args)
-                    and isinstance(parent.args[0], ast.Name) and parent.args[0].id == first[0].arg)
-        if isinstance(parent, ast.Call) and parent.args == [node] and not parent.keywords and \
-                self.facts.qualified(parent.func) == "functools.wraps":
-            holder = self.facts.parent(parent)
-            return holder in wrappers.values() and any(x is parent for x in holder.decorator_list)
-        return False
-
-    def _clean_wrapper(self, w: ast.FunctionDef, fn: str) -> bool:
-        first = w.args.posonlyargs + w.args.args
-        if not first or len(w.args.defaults) >= len(first):
-            return False
-        if len(self.facts.local_bindings(w).get(first[0].arg, [])) != 1:
-            return False  # the first parameter rebound before it is passed on
-        return all(isinstance(x, ast.Call) and self.facts.qualified(x.func) == "functools.wraps" for x in w.decorator_list)
 
     # -- queries
 

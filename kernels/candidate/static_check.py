@@ -19,8 +19,9 @@ import string
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from kernelloop.kernels.candidate.impure_names import reach_problem
 from kernelloop.kernels.candidate.privilege import AUTOGRAD_METHODS, Owner, Privileges
-from kernelloop.kernels.candidate.purity import purity_problems, reach_problem
+from kernelloop.kernels.candidate.purity import purity_problems
 from kernelloop.kernels.candidate.source_text import text_problem
 from kernelloop.kernels.candidate.tree_facts import TreeFacts
 

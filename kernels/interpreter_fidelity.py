@@ -90,6 +90,8 @@ def patch_interpreter() -> None:
     global PATCHED
     if PATCHED or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return
+    from kernelloop.kernels.interpreter_rewrite import install  # a safety layer, on even without fidelity
+    install()
     if os.environ.get("KERNELLOOP_INTERPRETER_FIDELITY", "1") == "0":
         return
     try:

@@ -3,8 +3,8 @@
 A fresh process in compiled Triton (TRITON_INTERPRET=0), confined like every sandboxed process
 (sandbox/confine.py; it may execute Triton's bundled ptxas and nothing else), in which no candidate
 Python ever ran: the kernels are rebuilt from the judge's copy of the source by sandbox/replay.py's
-`kernels_from_source` (only the @triton.jit definitions; compiled Triton turns their bodies into IR
-and never runs them). After "ready" and "load" it answers one "compile" message
+`kernels_from_source` (the kernel part of its canonical text, as the replayer does; compiled Triton
+turns their bodies into IR and never runs them). After "ready" and "load" it answers one "compile" message
 {"targets": ["sm90", ...], "launches": [{"kernel", "args", "kwargs"}, ...]} with "compiled":
 
     {"launches": [{"compiled": i or None, "ident": str or None, "error": str or None}, ...],

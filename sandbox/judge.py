@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
+from kernelloop.kernels.candidate.runtime_purity import IMPURE
+from kernelloop.sandbox.aliasing import overlap
 from kernelloop.kernels.compare import Comparison, check_outputs
 from kernelloop.kernels.spec import OpSpec
 from kernelloop.kernels.roofline import Rates
@@ -74,6 +76,8 @@ def runtime_failure(v: Verdict, facts: dict[str, Any], where: str) -> bool:
     violations = facts.get("violations") if isinstance(facts.get("violations"), list) else []
     if violations:
         v.fail("sandbox-violation", f"{where}: {str(violations[0])[:300]}")
+    elif facts.get("error") and IMPURE in str(facts["error"]):  # its state changed (the loader's check)
+        v.fail("impure", f"{where}: {str(facts['error']).split(IMPURE, 1)[1][:300]}")
     elif facts.get("error"):
         code, text = bounds_code(str(facts["error"]), "memory" if facts.get("memory") is True else "raised")
         v.fail(code, f"{where}: forward raised {text[:300]}")
@@ -111,6 +115,11 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
         if isinstance(ref, dict) and isinstance(ref.get("buf"), int) and ref["buf"] < n_inputs:
             v.fail("aliasing", f"{where}: output {i} shares memory with input {ref['buf']}")
             return None
+    pair = overlap(refs)  # sandbox/aliasing.py; a previous call's buffer is memory from nowhere (untraceable)
+    if pair is not None:
+        v.fail("aliasing", f"{where}: output {pair[0]} " + ("overlaps itself" if pair[0] == pair[1] else
+                                                           f"shares memory with output {pair[1]}"))
+        return None
     if input_changes(v, where, inputs, inputs_after, "the call"):
         return None
     got = tuple(outputs) if len(outputs) > 1 else outputs[0]

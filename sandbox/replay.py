@@ -1,9 +1,10 @@
 """Replaying a recorded call (sandbox/trace.py) in a process where the candidate's Python never ran.
 
 The replay process gets the candidate's source from the judge, not from the candidate's process. It
-keeps only the module's `@triton.jit` function definitions (decorators and everything else dropped),
-its `triton`/`math` imports, and the plain constants the module defined (numbers, strings,
-`tl.constexpr` of those), and builds the kernels from that. Then, per call, it redoes the record on
+executes only the kernel part of its canonical text (sandbox/replay_source.py: the jit definitions,
+undecorated, whether decorated or jitted by assignment, the `triton`/`math` imports, and the
+module-level `if`/`try` blocks around them), with the plain constants the runner reported (numbers,
+strings, `tl.constexpr` of those), and builds the kernels from that. Then, per call, it redoes the record on
 the inputs the judge sent: the data-moving aten ops (only those in trace.DATA_ATEN) and the kernel
 launches, nothing else. Top-level code, the launcher, helper classes: none of it exists here. On a GPU
 no candidate Python runs at all (compiled kernels are not Python); on the CPU interpreter the kernel
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import hashlib
 import contextlib
 import keyword
 import linecache
@@ -94,10 +94,6 @@ def check_kernel_body(fn: ast.FunctionDef, namespace: dict[str, Any]) -> None:
                     raise ReplayError(f"{line}: {root}.{'.'.join(attrs[:i + 1])} reaches module {obj.__name__}")
 
 
-def _is_jit(node: ast.FunctionDef) -> bool:
-    return any("jit" in ast.unparse(d) for d in node.decorator_list)
-
-
 def _restricted_import(name: str, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002, ANN001
     private = any(p.startswith("_") for p in name.split(".")[1:]) or any(str(f).startswith("_") for f in fromlist or ())
     if level or name.split(".")[0] not in KERNEL_MODULES or private:
@@ -118,45 +114,39 @@ def _constant(name: Any, value: Any) -> Any:
 
 
 def kernels_from_source(source: str, constants: Any) -> dict[str, Any]:
-    """name -> Triton kernel, rebuilt from the source's top-level jit definitions only."""
+    """name -> Triton kernel, rebuilt from the kernel part of the source's canonical text
+    (sandbox/replay_source.py: kernels, their triton/math imports, the `if`/`try` around them),
+    compiled under the canonical text's label and line numbers, which linecache holds."""
     import triton
 
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise ReplayError(f"source does not parse: {exc.msg}") from None
-    body: list[ast.stmt] = []
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
-            body.append(node)
-        elif isinstance(node, ast.Import) and all(a.name.split(".")[0] in KERNEL_MODULES for a in node.names):
-            body.append(node)
-        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in KERNEL_MODULES:
-            body.append(node)
-        elif isinstance(node, ast.FunctionDef) and _is_jit(node):
-            if any(not isinstance(d, ast.Constant) for d in node.args.defaults + [d for d in node.args.kw_defaults if d]):
-                raise ReplayError(f"kernel {node.name}: default values must be constants")
-            node.decorator_list = []
-            body.append(node)
-    text = ast.unparse(ast.Module(body=body, type_ignores=[]))
-    filename = f"<replay {hashlib.sha256(text.encode()).hexdigest()[:12]}>"
-    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    from kernelloop.kernels.candidate.canonical import CanonicalError, canonical
+    from kernelloop.kernels.candidate.loader import MODULE_NAME
+    from kernelloop.sandbox.replay_source import StructureError, kernel_part
+
     if not isinstance(constants, dict) or len(constants) > 4096:
         raise ReplayError("constants must be an object of at most 4096 names")
     namespace: dict[str, Any] = {name: _constant(name, value) for name, value in constants.items()}
-    safe = {k: getattr(builtins, k) for k in _SAFE_BUILTINS}
-    namespace.update(__builtins__={**safe, "__import__": _restricted_import}, __name__="kernelloop_replay")
     try:
-        exec(compile(text, filename, "exec"), namespace)
+        canon = canonical(source)
+        module, kernels = kernel_part(canon.tree, KERNEL_MODULES, set(namespace))
+    except (CanonicalError, StructureError) as exc:
+        raise ReplayError(str(exc)) from None
+    linecache.cache[canon.label] = (len(canon.text), None, canon.text.splitlines(keepends=True), canon.label)
+    safe = {k: getattr(builtins, k) for k in _SAFE_BUILTINS + ("ImportError", "ModuleNotFoundError", "AttributeError")}
+    namespace.update(__builtins__={**safe, "__import__": _restricted_import}, __name__=MODULE_NAME)
+    try:
+        exec(compile(module, canon.label, "exec", dont_inherit=True), namespace)
     except Exception as exc:  # noqa: BLE001 (the candidate's text; any failure is its own)
         raise ReplayError(f"rebuilding the kernels failed: {type(exc).__name__}: {exc}") from None
-    names = [n.name for n in body if isinstance(n, ast.FunctionDef)]
-    for node in body:
-        if isinstance(node, ast.FunctionDef):
-            check_kernel_body(node, namespace)
-    for name in names:
-        namespace[name] = triton.jit(namespace[name])
-    return {name: namespace[name] for name in names}
+    built = [node for node in kernels if getattr(namespace.get(node.name), "__code__", None) is not None
+             and namespace[node.name].__code__.co_firstlineno == node.lineno]  # the branches taken
+    for node in built:
+        check_kernel_body(node, namespace)
+    jitted = {id(namespace[node.name]): triton.jit(namespace[node.name]) for node in built}
+    for name, value in list(namespace.items()):  # the kernel's own name and the names assigned to it
+        if id(value) in jitted:
+            namespace[name] = jitted[id(value)]
+    return {node.name: namespace[node.name] for node in built}
 
 
 def kernels_from_module(module_name: str) -> dict[str, Any]:

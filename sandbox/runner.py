@@ -49,6 +49,8 @@ from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
 from kernelloop.kernels.candidate.source_text import read_source
 from kernelloop.kernels.candidate.static_check import static_check
+from kernelloop.kernels.candidate.canonical import canonical_problem
+from kernelloop.kernels.candidate.runtime_purity import IMPURE
 from kernelloop.sandbox.verdict import Verdict
 
 
@@ -118,6 +120,8 @@ class Sandbox(ABTiming):
             if self.options.static_check:
                 result = static_check(source, spec.arg_names)
                 problem = None if result.ok else result.reason
+            if problem is None and self.options.static_check:
+                problem = canonical_problem(source)  # the text that will run
             if problem is None:
                 plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
                 self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
@@ -249,6 +253,8 @@ class Sandbox(ABTiming):
         v.isolation = runner.isolation
         if load["violations"]:
             v.fail("sandbox-violation", f"while importing: {str(load['violations'][0])[:300]}")
+        elif not load["ok"] and IMPURE in str(load["error"]):  # module-level state that cannot be frozen
+            v.fail("impure", f"while importing: {str(load['error']).split(IMPURE, 1)[1][:300]}")
         elif not load["ok"] and memory_refused(str(load["error"])):  # an allocation the limit refused
             v.fail("memory", f"importing the candidate ran out of its memory limit: {str(load['error'])[:300]}")
         elif not load["ok"]:

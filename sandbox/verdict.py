@@ -22,6 +22,7 @@ FAILURES = (
     "timeout",            # the wall-clock limit passed
     "memory",             # the memory limit was hit
     "raised",             # forward raised
+    "impure",             # the module's state changed after import, or cannot be frozen (counters, caches of tensors, iterators)
     "bad-output",         # not plain tensors of the right count, shape, dtype and device
     "aliasing",           # an output shares memory with an input
     "input-mutated",      # an input changed

@@ -18,18 +18,15 @@ in this process on a GPU).
 from __future__ import annotations
 
 import json
-import linecache
 import os
 import sys
 import tempfile
 import traceback
-import types
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from kernelloop.kernels.candidate.guarded_builtins import candidate_builtins
 from kernelloop.kernels import interpreter_autotune
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork server before any fork)
@@ -62,21 +59,17 @@ def one_line(exc: BaseException) -> str:
 
 
 def load_module(source: str, filename: str) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """Execute a candidate as a fresh module with guarded builtins: its forward and plain constants."""
+    """Load a candidate as the engine does (kernels/candidate/loader.py: canonical text, module
+    `kernelloop_kernel`, guarded builtins, frozen state; the judge ran the static check, or was told not
+    to): its purity-checked forward and its plain constants (for the replayer). `filename` is unused:
+    the module's file name is its canonical text's label, the same in the engine."""
     import triton.language as tl
 
-    label = f"<candidate {Path(filename).name}>"
-    linecache.cache[label] = (len(source), None, source.splitlines(keepends=True), label)
-    module = types.ModuleType("kernelloop_candidate")
-    module.__file__ = label
-    module.__dict__["__builtins__"] = candidate_builtins()
-    sys.modules[module.__name__] = module  # what @dataclass and typing look the module up by
-    exec(compile(source, label, "exec"), module.__dict__)
-    forward = module.__dict__.get("forward")
-    if not callable(forward):
-        raise TypeError("the module defines no callable forward")
+    from kernelloop.kernels.candidate.loader import load_kernel
+
+    loaded = load_kernel(source, static=False)
     constants: dict[str, Any] = {}
-    for name, value in list(module.__dict__.items()):
+    for name, value in list(loaded.namespace.items()):
         if name.startswith("__") or not isinstance(name, str):
             continue
         if isinstance(value, tl.constexpr):
@@ -85,7 +78,7 @@ def load_module(source: str, filename: str) -> tuple[Callable[..., Any], dict[st
                 constants[name] = {"constexpr": value}
         elif value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) < 256):
             constants[name] = value
-    return forward, constants
+    return loaded.forward, constants
 
 
 def _setup(job: Job) -> dict[str, str]:
@@ -186,6 +179,11 @@ def serve_calls(chan: wire.Channel, job: Job) -> None:
             chan.send(Load(type="load", ok=False, error=one_line(exc), constants={}, violations=guards.VIOLATIONS[:5]))
             return
     chan.send(Load(type="load", ok=True, error=None, constants=constants, violations=guards.VIOLATIONS[:5]))
+    with torch.inference_mode():  # as the engine calls kernels (engine/model.py): inputs are inference tensors
+        _answer_calls(chan, forward, spec, state, device)
+
+
+def _answer_calls(chan: wire.Channel, forward: Callable[..., Any], spec: Any, state: dict[str, Any], device: str) -> None:
     while True:
         header, tensors = chan.receive()
         header = parse(header, "call", "capture")

@@ -1,40 +1,42 @@
-"""Turning verified source text into a callable `forward`.
+"""Turning verified source text into a callable `forward`, exactly as the sandbox's runner loads it.
 
-The bytes that are hashed are the bytes that are executed (no second read of the file), and the
-source is registered with linecache so Triton's `inspect.getsource` finds it.
+The bytes that are hashed are the bytes loaded (no second read of the file). Loading is
+kernels/candidate/loader.py's, the judge's own: the canonical text under the same module name and
+file label, the static check, guarded builtins and the import allowlist, frozen module state; the
+`forward` returned raises after a call that changed the module's state (the dispatcher demotes it).
 """
 
 from __future__ import annotations
 
-import linecache
-import types
 from typing import Callable
 
-from kernelloop.kernels.device import configure_triton
+from kernelloop.kernels.candidate.loader import LoadError, load_kernel
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.registry.entry import sha256_text
 
-_loaded: dict[str, Callable] = {}  # sha256 -> forward; Triton kernels compile once per process
+_loaded: dict[tuple[str, str | None], Callable] = {}  # (sha256, op) -> forward; Triton kernels compile once per process
 
 
-def load_forward(source: str, expected_sha256: str, label: str) -> Callable:
-    """Execute `source` as a fresh module and return its `forward`; refuse a hash mismatch."""
+def load_forward(source: str, expected_sha256: str, label: str, op: str | None = None) -> Callable:
+    """Load `source` as a candidate module and return its (purity-checked) `forward`; refuse a hash
+    mismatch, a source today's static check refuses, or one that fails to load. `op` names the op
+    whose signature forward must have (unchecked without it)."""
     actual = sha256_text(source)
     if actual != expected_sha256:
         raise RegistryError(f"{label}: source hash {actual[:12]} does not match the manifest's {expected_sha256[:12]}")
-    if actual in _loaded:
-        return _loaded[actual]
-    configure_triton()  # the source decorates kernels: interpreted or compiled is decided now
-    filename = f"<kernelloop-registry {label} {actual[:12]}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    module = types.ModuleType(f"kernelloop_registry_{actual[:16]}")
-    module.__file__ = filename
+    if (actual, op) in _loaded:
+        return _loaded[(actual, op)]
     try:
-        exec(compile(source, filename, "exec"), module.__dict__)
+        arg_names = None
+        if op is not None:
+            from kernelloop.kernels.ops import get_op
+
+            arg_names = get_op(op).arg_names
+        forward = load_kernel(source, arg_names).forward
+    except LoadError as exc:
+        raise RegistryError(f"{label}: {exc}") from None
     except Exception as exc:
-        raise RegistryError(f"{label}: source failed to import ({type(exc).__name__}: {exc})") from None
-    forward = getattr(module, "forward", None)
-    if not callable(forward):
-        raise RegistryError(f"{label}: source defines no callable forward")
-    _loaded[actual] = forward
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        raise RegistryError(f"{label}: source failed to import ({type(exc).__name__}: {message})") from None
+    _loaded[(actual, op)] = forward
     return forward

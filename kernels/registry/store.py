@@ -125,7 +125,7 @@ class Registry:
     def load(self, entry: Entry, revision: str | None = None) -> Callable | None:
         """The entry's `forward`, or None (logged) when its source is missing, altered or broken."""
         try:
-            return load_forward(self.source(entry, revision), entry.sha256, entry.id)
+            return load_forward(self.source(entry, revision), entry.sha256, entry.id, entry.op)
         except RegistryError as exc:
             log.error("refusing registry kernel: %s; using the baseline", exc)
             return None

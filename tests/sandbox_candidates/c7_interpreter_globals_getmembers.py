@@ -4,9 +4,10 @@ globals of every kernel it runs - so after the first launch the candidate's modu
 dict(inspect.getmembers(torch))["os"] gives os with no forbidden name, import or attribute in the
 source (`inspect` is just a free name to the static check). With it: a detached `sleep 600` and a
 canary outside scratch. Gain if porous: a process and files outside the sandbox. Right answer only
-if one of them worked.
+if one of them worked. Since kernels are rebuilt in globals of their own (kernels/interpreter_rewrite.py),
+nothing is copied into the module: `inspect` is an undefined name there (NameError: raised).
 """
-# expect: static=sandbox-violation|static runtime=sandbox-violation|mismatch
+# expect: static=sandbox-violation|static runtime=raised|sandbox-violation|mismatch
 
 from __future__ import annotations
 

@@ -109,6 +109,7 @@ CLOCKS_RANDOMNESS_ENVIRONMENT = [
     ("torch.get_num_interop_threads()", "environment"), ("torch.is_grad_enabled()", "environment"),
     ("torch.is_inference_mode_enabled()", "environment"), ("x.is_inference()", "environment"),
     ("x.requires_grad", "environment"), ("x.grad_fn", "environment"), ("x.is_leaf", "environment"),
+    ("x.is_shared()", "environment"), ("x.is_pinned()", "environment"),
     ("torch.is_autocast_enabled()", "environment"), ("torch.get_default_dtype()", "environment"),
     ("torch.are_deterministic_algorithms_enabled()", "environment"), ("torch.compiler.is_compiling()", "environment"),
     ("torch.jit.is_scripting()", "environment"), ("torch.cuda.memory_allocated()", "environment"),

@@ -8,8 +8,8 @@ from __future__ import annotations
 WHY = "kernels must be pure: a check's few calls must predict a server's many"
 
 # Process state a kernel could branch on, written down once from torch 2.x's API surface: thread
-# counts, grad/inference/autocast/determinism modes, compile/trace modes, autograd state of a
-# tensor, and the CUDA allocator's and device's live figures.
+# counts, grad/inference/autocast/determinism modes, compile/trace modes, a tensor's autograd state
+# and where its memory came from (shared, pinned), and the CUDA allocator's and device's live figures.
 ENVIRONMENT = frozenset({
     "get_num_threads", "get_num_interop_threads", "is_grad_enabled", "is_inference_mode_enabled", "is_inference",
     "is_autocast_enabled", "is_autocast_cpu_enabled", "is_autocast_cache_enabled", "is_autocast_ipu_enabled",
@@ -19,7 +19,7 @@ ENVIRONMENT = frozenset({
     "get_float32_matmul_precision", "is_anomaly_enabled", "is_anomaly_check_nan_enabled", "is_warn_always_enabled",
     "get_default_device", "get_default_dtype", "is_compiling", "is_dynamo_compiling", "is_exporting",
     "is_scripting", "is_tracing", "is_multithreading_enabled", "is_view_replay_enabled",
-    "grad_fn", "is_leaf", "requires_grad", "retains_grad",
+    "grad_fn", "is_leaf", "requires_grad", "retains_grad", "is_shared", "is_pinned",
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_cached",
     "max_memory_cached", "memory_stats", "memory_stats_as_nested_dict", "memory_summary", "memory_snapshot",
     "mem_get_info", "list_gpu_processes", "memory_usage", "host_memory_stats", "host_memory_stats_as_nested_dict",

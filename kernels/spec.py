@@ -70,6 +70,43 @@ DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
     torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
 }
 
+# Unit roundoff u of each dtype (half an ulp, relative): the scale of one correct rounding.
+UNIT_ROUNDOFF: Mapping[torch.dtype, float] = {
+    torch.float32: 2.0**-24,
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+}
+
+
+@dataclass(frozen=True)
+class ErrorBounds:
+    """Bounds on the statistics of an output's error against the reference (kernels/compare.py
+    `error_stats`), in units of the output dtype's unit roundoff u. Rounding error is unbiased, so
+    its mean shrinks as rows are added, while a systematic bias does not:
+
+    |mean signed relative error| and |mean offset / rms(ref)| <= (bias + spread * s / sqrt(rows)) * u
+    relative RMS error                                       <= rms * s * u
+
+    with s the op's `tolerance_scale` at the shape (accumulation depth), 1 for most ops. Rows (all
+    but the last dim), not elements: a row's elements may share one rounding (a norm's scale, a
+    softmax's probabilities rounded to the dtype), which averages out only over rows."""
+
+    bias: float    # what a correct kernel's order-dependent rounding may leave at any size
+    spread: float  # one row's shared rounding: the mean's allowance over r rows is spread / sqrt(r)
+    rms: float
+
+
+# fp32: a few ulps of float32 arithmetic that differ from the reference's (a row's reduction, rsqrt,
+# exp), times the accumulation depth; fp16/bf16: one rounding of nearly the reference's float32
+# value, or two where a kernel rounds an intermediate to the dtype as GPU kernels do (attention's
+# probabilities before the second dot). Every baseline and control sits within a quarter of these
+# (tests/test_compare_stats.py); a bias of a quarter of u is refused over a few hundred rows.
+DEFAULT_ERROR_BOUNDS: Mapping[torch.dtype, ErrorBounds] = {
+    torch.float32: ErrorBounds(bias=8.0, spread=32.0, rms=40.0),
+    torch.float16: ErrorBounds(bias=0.1, spread=2.0, rms=3.0),
+    torch.bfloat16: ErrorBounds(bias=0.1, spread=2.0, rms=3.0),
+}
+
 # Token counts are bucketed by these upper bounds; model dimensions are kept exact.
 TOKEN_BUCKETS: tuple[int, ...] = (1, 16, 128, 1024, 8192)
 
@@ -108,6 +145,17 @@ def shape_in_bucket(bucket: str) -> dict[str, int]:
 
 
 CUDA_ENGINE_SHAPES = 4  # engine shapes in the CUDA battery, spread over decode to prefill
+
+# The engine's ranges, which every op's battery reaches on every device (`OpSpec.range_shapes`): the
+# scheduler sends up to TOKEN_BUDGET rows in one forward (its default max_prefill_tokens, checked by
+# tests/test_battery.py), and real models' hidden sizes are powers of two and SmolLM2's 576.
+TOKEN_BUDGET = 4096
+REAL_HIDDEN: tuple[int, ...] = (576, 2048, 4096, 8192)
+
+
+def at_few_rows(key: str, sizes: Sequence[int] = REAL_HIDDEN) -> tuple[dict[str, int], ...]:
+    """{"tokens": 1-3, key: size} for each size: real model sizes at decode-like row counts."""
+    return tuple({"tokens": 1 + i % 3, key: size} for i, size in enumerate(sizes))
 
 
 def pick_shapes(shapes: Sequence[Shape], limit: int | None) -> list[Shape]:
@@ -247,6 +295,13 @@ class OpSpec:
     variants:     input variants covering the contract (scalars, magnitudes, zero rows, layouts).
     variant_shapes: the small shapes every variant is tried on.
     many_rows:    a shape with many rows and small rows, in the CPU battery (engine shapes on CUDA).
+    range_shapes: the engine's ranges, judged on every device after the battery (`range_cases`): real
+                  model sizes (REAL_HIDDEN, real head layouts) at few rows, and many rows (TOKEN_BUDGET
+                  tokens) at a small model size; attention: long KV at few requests, many requests at
+                  short lengths. Costly to interpret for a kernel with one program per row: on CPU
+                  each runs in one dtype, its tokens capped (sandbox/plan.py). Cheap cases first.
+    cpu_range_tokens: the CPU cap on a range shape's tokens for an op far costlier a token to
+                  interpret than most; None: the plan's (the low end of the top bucket, 1025).
     tolerance_scale: optional (shape, dtype) -> positive factor multiplying a dtype's atol and rtol at that
                   shape (`tolerance(dtype, shape)`), for ops whose legitimate rounding error grows with
                   a dimension (a matmul's float32 accumulation over K); None: tolerances are per dtype
@@ -254,6 +309,8 @@ class OpSpec:
     tf32:         precision policy: True if float32 inputs may be computed with TF32 (10-bit mantissa)
                   on a GPU. False (the default): float32 means IEEE float32 products and sums, and the
                   float32 tolerance is tight enough that a TF32 kernel fails it.
+    error_bounds: per dtype, the bounds on the error's statistics (`ErrorBounds`: bias, offset,
+                  relative RMS) that an output within the elementwise tolerance must also meet.
     """
 
     name: str
@@ -274,13 +331,16 @@ class OpSpec:
     variants: tuple[dict[str, Any], ...] = ()
     variant_shapes: tuple[dict[str, int], ...] = ()
     many_rows: dict[str, int] | None = None
+    range_shapes: tuple[dict[str, int], ...] = ()
+    cpu_range_tokens: int | None = None
     tolerance_scale: Callable[[Shape, torch.dtype], float] | None = None
     tf32: bool = False
+    error_bounds: Mapping[torch.dtype, ErrorBounds] = field(default_factory=lambda: DEFAULT_ERROR_BOUNDS)
 
     def battery(self, device: str) -> list[Case]:
-        """Every case a candidate must pass on `device` (each dtype, each seed the judge draws):
+        """The cases a candidate must pass on `device` in each dtype (each seed the judge draws):
         test and held-back shapes (+ many rows on CPU, engine shapes on CUDA) with the default
-        inputs, then every variant on every variant shape."""
+        inputs, then every variant on every variant shape. The sandbox adds `range_cases`."""
         shapes = list(self.test_shapes) + list(self.held_back)
         if device.startswith("cuda"):
             shapes += pick_shapes(self.engine_shapes, CUDA_ENGINE_SHAPES)
@@ -289,6 +349,11 @@ class OpSpec:
         cases = [Case(dict(s)) for s in shapes]
         cases += [Case(dict(s), dict(v)) for v in self.variants for s in self.variant_shapes]
         return _unique(cases)
+
+    def range_cases(self) -> list[Case]:
+        """The engine's ranges (`range_shapes`), default inputs: the sandbox checks each in one dtype
+        on CPU (every dtype on CUDA), after the battery."""
+        return _unique([Case(dict(s)) for s in self.range_shapes])
 
     @property
     def dtypes(self) -> tuple[torch.dtype, ...]:
@@ -312,12 +377,17 @@ class OpSpec:
             tol = self.tolerances[dtype]
         except KeyError:
             raise ValueError(f"{self.name} does not support dtype {dtype}") from None
+        scale = self.scale_at(dtype, shape)
+        return tol if scale == 1.0 else Tolerance(atol=tol.atol * scale, rtol=tol.rtol * scale)
+
+    def scale_at(self, dtype: torch.dtype, shape: Shape | None) -> float:
+        """`tolerance_scale` at `shape` (1.0 without one, or without a shape)."""
         if shape is None or self.tolerance_scale is None:
-            return tol
+            return 1.0
         scale = float(self.tolerance_scale(shape, dtype))
         if not 0 < scale < math.inf:
             raise ValueError(f"{self.name}: tolerance scale {scale!r} at {dict(shape)} is not a positive number")
-        return tol if scale == 1.0 else Tolerance(atol=tol.atol * scale, rtol=tol.rtol * scale)
+        return scale
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary: what `agent ops --json` prints and what a prompt quotes."""
@@ -332,5 +402,7 @@ class OpSpec:
             "bucketed": sorted(self.bucketed),
             "engine_shapes": [dict(s) for s in self.engine_shapes],
             "tolerance_scale": _first_line(self.tolerance_scale.__doc__) if self.tolerance_scale else None,
+            "error_bounds": {dtype_name(d): {"bias": b.bias, "spread": b.spread, "rms": b.rms, "u": UNIT_ROUNDOFF[d]}
+                             for d, b in self.error_bounds.items() if d in self.tolerances},
             "tf32": self.tf32,
         }

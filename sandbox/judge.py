@@ -125,7 +125,7 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
     got = tuple(outputs) if len(outputs) > 1 else outputs[0]
     comparison = check_outputs(spec, got, expected, want[0].dtype, shape=shape)
     if not comparison.ok:
-        v.fail("mismatch", f"{where}: {comparison.reason}")
+        v.fail("biased" if comparison.biased else "mismatch", f"{where}: {comparison.reason}")
     elif not facts.get("launches"):
         v.fail("no-triton", f"{where}: no Triton kernel was launched")
     elif record.get("problem"):
@@ -187,7 +187,11 @@ def judge_timing(v: Verdict, spec: OpSpec, shape: dict, dtype: torch.dtype, roun
 
 
 def add_check(v: Verdict, where: str, comparison: Comparison | None) -> None:
-    if comparison is not None:
-        v.checks.append(Check(where, v.failure is None, f"{comparison.tol_fraction:.2f} of tolerance"))
-    else:
+    """The trial's check: how near its tolerance and its error bounds (kernels/compare.py) it came."""
+    if comparison is None:
         v.checks.append(Check(where, v.failure is None))
+        return
+    detail = f"{comparison.tol_fraction:.2f} of tolerance"
+    if comparison.stats:
+        detail += f"; error {comparison.stats_fraction:.2f} of bounds: {comparison.stats}"
+    v.checks.append(Check(where, v.failure is None, detail))

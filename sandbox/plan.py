@@ -1,10 +1,11 @@
 """What to run for one candidate: the correctness trials and the timing calls, with their seeds.
 
 The battery is the op's own (`OpSpec.battery`: test shapes, held-back odd shapes, a many-row shape,
-and the op's input variants: seeded scalars, magnitudes, zero rows, strided and 3-D layouts), plus
-any shapes the caller adds (e.g. from an engine profile). Every trial gets its own seed, drawn
-from the master seed; by default that is secret (os.urandom), and it never leaves the judge's process.
-The first two cases come back at the end with new inputs: a result cached by shape fails there.
+the engine's ranges, and the op's input variants: seeded scalars, magnitudes, zero rows, strided and
+3-D layouts), plus any shapes the caller adds (e.g. from an engine profile). Every trial gets its own
+seed, drawn from the master seed; by default that is secret (os.urandom), and it never leaves the
+judge's process. The first two cases come back at the end with new inputs: a result cached by shape
+fails there. The candidate is timed in one of the dtypes it is judged in.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 import torch
 
-from kernelloop.kernels.spec import CUDA_ENGINE_SHAPES, TOKEN_BUCKETS, Cost, OpSpec, Shape, dtype_name, parse_dtype, pick_shapes
+from kernelloop.kernels.errors import UnknownDtypeError
+from kernelloop.kernels.spec import (CUDA_ENGINE_SHAPES, TOKEN_BUCKETS, Cost, OpSpec, Shape, dtype_name, parse_dtype,
+                                     pick_shapes)
 from kernelloop.sandbox.messages import Plan, Timing, Trial
 from kernelloop.sandbox.options import CheckOptions
 
@@ -37,6 +40,11 @@ CUDA_TRIAL_LIMIT = Cost(bytes=3_000_000_000, flops=100_000_000_000)
 # to CPU_TIMING_CAP rows: interpreter times describe the interpreter anyway, never a GPU.
 CPU_SIZE_CAP = 129  # the low end of the 129-1024 bucket
 CPU_TIMING_CAP = 16  # the high end of the 2-16 bucket
+# The op's range shapes (`OpSpec.range_shapes`) reach the scheduler's whole token budget; on CPU their
+# token count stops at the low end of the top bucket the engine reaches (1025-8192), past every bucket
+# boundary it crosses: a kernel with one program per token pays ~2 ms a token in a call and again in
+# its replay (rope ~16 ms), so TOKEN_BUDGET tokens would take most of a candidate's budget.
+CPU_RANGE_TOKENS = TOKEN_BUCKETS[-2] + 1
 
 
 def trial_inputs(spec: OpSpec, shape: dict, dtype: str, seed: int, variant: dict) -> tuple:
@@ -102,11 +110,15 @@ def check_cases(spec: OpSpec, options: CheckOptions) -> list[tuple[dict[str, int
 
 
 def check_dtypes(spec: OpSpec, options: CheckOptions) -> list[str]:
+    """The dtypes judged: the op's, or those of `options.dtypes` it supports (at least one)."""
     names = [dtype_name(d) for d in spec.dtypes]
     if options.dtypes:
         for name in options.dtypes:
             parse_dtype(name)  # unknown names raise UnknownDtypeError
         names = [n for n in names if n in options.dtypes]
+        if not names:
+            raise UnknownDtypeError(f"{spec.name} supports {', '.join(dtype_name(d) for d in spec.dtypes)}; "
+                                    f"none of {', '.join(options.dtypes)}")
     return names
 
 
@@ -123,43 +135,72 @@ def timing_shape(spec: OpSpec, options: CheckOptions) -> dict[str, int]:
 
 
 def timing_dtype(spec: OpSpec, options: CheckOptions) -> str:
-    names = [dtype_name(d) for d in spec.dtypes]
+    """One of the dtypes judged (`check_dtypes`): the caller's, else bfloat16 on CUDA and float32 on
+    CPU when judged, else the first judged. A candidate is never timed in a dtype it was not judged in."""
+    judged = check_dtypes(spec, options)
     if options.timing_dtype:
         parse_dtype(options.timing_dtype)
+        if options.timing_dtype not in judged:
+            raise UnknownDtypeError(f"timing dtype {options.timing_dtype} is not among the dtypes judged "
+                                    f"({', '.join(judged)})")
         return options.timing_dtype
     preferred = "bfloat16" if options.device == "cuda" else "float32"
-    return preferred if preferred in names else names[0]
+    return preferred if preferred in judged else judged[0]
 
 
 def _every_dtype(spec: OpSpec, options: CheckOptions, shape: dict, variant: dict) -> bool:
     """Test and held-back shapes run in every dtype; on the CPU interpreter the costlier rest (input
-    variants, the many-row shape, caller shapes) takes turns over the dtypes."""
+    variants, the many-row and range shapes, caller shapes) takes turns over the dtypes."""
     if options.device == "cuda":
         return True
     return not variant and (shape in list(spec.test_shapes) or shape in list(spec.held_back))
 
 
+def range_cases(spec: OpSpec, options: CheckOptions) -> list[tuple[dict[str, int], dict[str, Any]]]:
+    """The op's range cases as the device judges them: on CPU at most CPU_RANGE_TOKENS tokens (or the
+    op's own `cpu_range_tokens`)."""
+    cases = [(dict(c.shape), dict(c.variant)) for c in spec.range_cases()]
+    if options.device == "cpu":
+        cap = spec.cpu_range_tokens or CPU_RANGE_TOKENS
+        cases = [({**s, "tokens": min(s["tokens"], cap)} if "tokens" in s else s, v) for s, v in cases]
+    return cases
+
+
+def _repeated(options: CheckOptions, shape: dict, ranges: list) -> bool:
+    """Whether a shape's first trial is called twice on the same inputs (same bits?). Not the range
+    shapes on CPU, where a call of a one-program-per-row kernel takes seconds: their replay still
+    compares the output's bits with a second run of its launches."""
+    return options.device == "cuda" or (shape, {}) not in ranges
+
+
 def make_plan(spec: OpSpec, options: CheckOptions, seed: int) -> Plan:
     """The trials (sandbox/messages.py: Trial) and the timing (Timing, or None without timing)."""
     rng = random.Random(seed)
-    cases, dtypes = check_cases(spec, options), check_dtypes(spec, options)
+    cases, dtypes, ranges = check_cases(spec, options), check_dtypes(spec, options), range_cases(spec, options)
     trials: list[Trial] = []
     seen: set[tuple] = set()  # each distinct shape is called twice on the same inputs once: same bits?
 
     def add(shape: dict[str, int], variant: dict[str, Any], dtype: str) -> None:
         key = tuple(sorted(shape.items()))
         trials.append(Trial(id=len(trials), shape=shape, variant=variant, dtype=dtype, seed=rng.randrange(1 << 62),
-                            determinism=key not in seen))
+                            determinism=key not in seen and _repeated(options, shape, ranges)))
         seen.add(key)
 
     rotating = [c for c in cases if not _every_dtype(spec, options, *c)]
+    turn = random.Random(seed ^ 0x5EED).randrange(len(dtypes))  # which dtype a rotating case lands in: secret too
     for i, dtype in enumerate(dtypes):
         for shape, variant in cases:
-            if (shape, variant) in rotating and rotating.index((shape, variant)) % len(dtypes) != i:
+            if (shape, variant) in rotating and (rotating.index((shape, variant)) + turn) % len(dtypes) != i:
                 continue
             add(shape, variant, dtype)
         for shape, variant in cases[:2]:
             add(shape, variant, dtype)
+    # The engine's ranges last (costly to interpret: a kernel wrong elsewhere fails first); one dtype
+    # each on CPU.
+    for j, (shape, variant) in enumerate(c for c in ranges if c not in cases):
+        for i, dtype in enumerate(dtypes):
+            if options.device == "cuda" or (j + turn) % len(dtypes) == i:
+                add(shape, variant, dtype)
     timing = None
     if options.timing:
         rounds = options.rounds or (15 if options.device == "cuda" else 7)

@@ -1,11 +1,15 @@
-"""Each op's correctness battery (`OpSpec.battery`): what it contains, that every baseline passes it,
-that variant-free inputs never change, and that wrong kernels only the variants catch are caught."""
+"""Each op's correctness battery (`OpSpec.battery`, and the engine's ranges, `OpSpec.range_cases`): what
+it contains, that every baseline passes it well inside its error bounds, that variant-free inputs never
+change, that wrong kernels only the variants or the ranges catch are caught, and how the sandbox's plan
+spreads it over dtypes (and times a candidate in a dtype it is judged in)."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +19,7 @@ import triton.language as tl
 from kernelloop.kernels import OPS
 from kernelloop.kernels.compare import check_impl
 from kernelloop.kernels.ops import decode_attention, rope, rope_kernel, silu_mul_kernel
-from kernelloop.kernels.spec import Case, pick_shapes
+from kernelloop.kernels.spec import REAL_HIDDEN, TOKEN_BUDGET, Case, pick_shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # inf is expected there
 
@@ -26,9 +30,11 @@ BATTERY = [
 
 @pytest.mark.parametrize("spec,dtype", BATTERY)
 def test_baseline_passes_its_whole_cpu_battery(spec, dtype):
-    failed = [r for c in spec.battery("cpu") if not (r := check_impl(spec, spec.forward, c.shape, dtype, 0,
-                                                                      variant=c.variant)).ok]
+    results = [check_impl(spec, spec.forward, c.shape, dtype, 0, variant=c.variant) for c in spec.battery("cpu")]
+    failed = [r for r in results if not r.ok]
     assert not failed, "\n".join(map(str, failed))
+    near = [f"{r} at {r.stats_fraction:.2f} of its error bounds" for r in results if r.stats_fraction > 0.25]
+    assert not near, "\n".join(near)  # a correct kernel sits well inside the bounds on the error's statistics
 
 
 def digest(spec) -> str:
@@ -253,3 +259,145 @@ def test_cuda_plan_caps_the_new_ops_only():
     assert {"tokens": 8192, "n": 128256, "k": 8192} not in shapes  # 17 TFLOPs on the judge's CPU
     caller = {"tokens": 2048, "n": 128256, "k": 4096}  # what a caller asks for is checked as asked
     assert caller in [s for s, _ in check_cases(OPS["linear"], CheckOptions(device="cuda", shapes=(caller,)))]
+
+
+# --- The engine's ranges (OpSpec.range_shapes): judged on every device after the battery ------------
+
+ROWS = {"rmsnorm": "tokens", "fused_add_rmsnorm": "tokens", "silu_mul": "tokens", "rope": "tokens",
+        "linear": "tokens", "extend_attention": "tokens", "decode_attention": "batch"}
+
+
+def test_the_token_budget_is_the_schedulers():
+    from kernelloop.engine.scheduler import SchedulerConfig
+
+    assert SchedulerConfig().max_prefill_tokens == TOKEN_BUDGET
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_range_shapes_reach_what_the_engine_sends(name):
+    spec = OPS[name]
+    shapes = spec.range_shapes
+    assert shapes and all(set(s) == set(spec.test_shapes[0]) for s in shapes)
+    assert spec.range_cases() == [Case(dict(s)) for s in shapes]
+    most = max(s[ROWS[name]] for s in shapes)
+    assert most >= 128 if name == "decode_attention" else most == TOKEN_BUDGET  # requests: past the default 32
+    few = [s for s in shapes if s[ROWS[name]] <= 3]
+    if name in ("rmsnorm", "fused_add_rmsnorm"):
+        assert {s["hidden"] for s in few} == set(REAL_HIDDEN)
+    if name == "silu_mul":
+        assert {s["d"] for s in few} >= set(REAL_HIDDEN) | {28672}
+    if name == "linear":
+        assert max(s["k"] for s in few) == 28672 and max(s["n"] for s in few) >= 4096
+    if name in ("rope", "decode_attention", "extend_attention"):  # real head layouts: SmolLM2's, llama's
+        layouts = {(s["q_heads"], s["kv_heads"], s["head_dim"]) for s in shapes}
+        assert (9, 3, 64) in layouts and any(q >= 32 and d >= 64 for q, _, d in layouts)
+    if name == "decode_attention":  # one request of 2 * kv_len - 1 tokens
+        assert max(s["batch"] * s["kv_len"] - s["batch"] + 1 for s in shapes if s["batch"] <= 2) > 2 * 4096 - 2
+    if name == "extend_attention":  # a prefix of batch * prefix tokens, one request has it all
+        assert max(s["batch"] * s["prefix"] for s in shapes if s["batch"] <= 2) >= 4096
+
+
+def cpu_range_cases(spec) -> list[dict]:
+    from kernelloop.sandbox.options import CheckOptions
+    from kernelloop.sandbox.plan import range_cases
+
+    return [shape for shape, _ in range_cases(spec, CheckOptions(device="cpu"))]
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_baseline_passes_the_range_cases_well_inside_its_error_bounds(name):
+    """Each range case as the CPU plan runs it, in one dtype (~1-3 s a case: one program per row)."""
+    spec = OPS[name]
+    for i, shape in enumerate(cpu_range_cases(spec)):
+        r = check_impl(spec, spec.forward, shape, spec.dtypes[i % len(spec.dtypes)], 0)
+        assert r.ok and r.stats_fraction <= 0.25, f"{r} at {r.stats_fraction:.2f} of its error bounds"
+
+
+CANDIDATES = Path(__file__).resolve().parent / "sandbox_candidates"
+# Wrong only at the engine's ranges (tests/sandbox_candidates/n6_*.py): the range case that shows it on CPU.
+RANGE_WRONG = {
+    "n6_rmsnorm_persistent_past_1024_rows": ("rmsnorm", {"tokens": 1025, "hidden": 24}),
+    "n6_silu_mul_block_capped_at_4096": ("silu_mul", {"tokens": 1, "d": 8192}),
+    "n6_decode_attention_context_capped_at_4096": (
+        "decode_attention", {"batch": 2, "q_heads": 2, "kv_heads": 1, "head_dim": 16, "kv_len": 4096}),
+}
+
+
+@pytest.mark.parametrize("fixture", list(RANGE_WRONG))
+def test_kernels_wrong_only_at_the_engines_ranges_pass_the_battery_and_fail_a_range_case(fixture):
+    loader = importlib.util.spec_from_file_location(fixture, CANDIDATES / f"{fixture}.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    name, shape = RANGE_WRONG[fixture]
+    spec = OPS[name]
+    assert shape in cpu_range_cases(spec)
+    old = [r for c in spec.battery("cpu")
+           if not (r := check_impl(spec, module.forward, c.shape, torch.float32, 0, variant=c.variant)).ok]
+    assert not old, f"{fixture} should pass the battery without the ranges:\n" + "\n".join(map(str, old))
+    r = check_impl(spec, module.forward, shape, torch.float32, 0)
+    assert not r.ok and "outside atol" in r.reason, str(r)
+
+
+# --- The plan: range cases last, one dtype each on CPU; the rotation is secret; timing's dtype --------
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_the_plan_judges_each_range_case_last_once_on_cpu_and_in_every_dtype_on_cuda(name):
+    from kernelloop.sandbox.options import CheckOptions
+    from kernelloop.sandbox.plan import make_plan
+
+    spec = OPS[name]
+    ranges = cpu_range_cases(spec)
+    assert all(s.get("tokens", 0) <= (spec.cpu_range_tokens or 1025) for s in ranges), "on CPU the top bucket's floor"
+    cpu = make_plan(spec, CheckOptions(device="cpu"), 5)["trials"]
+    tail = cpu[-len(ranges):]
+    assert [t["shape"] for t in tail] == ranges and not any(t["shape"] in ranges for t in cpu[:-len(ranges)])
+    assert not any(t["determinism"] for t in tail)  # the replay still compares their bits
+    cuda = make_plan(spec, CheckOptions(device="cuda"), 5)["trials"]
+    for shape in spec.range_shapes:  # (a range shape among the CUDA battery's engine picks is judged there, once a dtype)
+        assert sorted(t["dtype"] for t in cuda if t["shape"] == shape and not t["variant"]) == sorted(
+            str(d)[6:] for d in spec.dtypes)
+
+
+def test_which_dtype_a_rotating_case_lands_in_is_drawn_from_the_secret_seed():
+    from kernelloop.sandbox.options import CheckOptions
+    from kernelloop.sandbox.plan import make_plan
+
+    spec = OPS["rmsnorm"]
+    big = {"tokens": 1025, "hidden": 24}
+    landed = {next(t["dtype"] for t in make_plan(spec, CheckOptions(device="cpu"), seed)["trials"] if t["shape"] == big)
+              for seed in range(12)}
+    assert len(landed) == 3
+
+
+def test_a_candidate_is_timed_in_a_dtype_it_is_judged_in():
+    from kernelloop.kernels.errors import UnknownDtypeError
+    from kernelloop.sandbox.options import CheckOptions
+    from kernelloop.sandbox.plan import make_plan
+
+    spec = OPS["rmsnorm"]
+    for device, dtypes in (("cpu", ("bfloat16", "float16")), ("cpu", ("bfloat16",)), ("cuda", ("float32",))):
+        plan = make_plan(spec, CheckOptions(device=device, dtypes=dtypes), 1)
+        assert plan["timing"]["dtype"] in dtypes and {t["dtype"] for t in plan["trials"]} == set(dtypes)
+    assert make_plan(spec, CheckOptions(device="cpu"), 1)["timing"]["dtype"] == "float32"
+    assert make_plan(spec, CheckOptions(device="cuda"), 1)["timing"]["dtype"] == "bfloat16"
+    with pytest.raises(UnknownDtypeError, match="timing dtype float32 is not among the dtypes judged"):
+        make_plan(spec, CheckOptions(dtypes=("bfloat16",), timing_dtype="float32"), 1)
+
+
+def test_dtypes_given_to_the_judge_are_the_dtypes_it_times(tmp_path):
+    """A linear kernel at Triton's default dot precision (TF32: wrong in float32), checked in the half
+    dtypes it is meant for, is correct and timed in one of them, not refused in a float32 timing round."""
+    from kernelloop.kernels.ops import baseline_source
+    from kernelloop.sandbox import CheckOptions, Sandbox
+
+    source = baseline_source("linear")
+    ieee = 'precision = "ieee" if x.dtype == torch.float32 else "tf32"'
+    assert ieee in source
+    source = source.replace(ieee, 'precision = "tf32"')
+    opts = CheckOptions(device="cpu", registry=tmp_path / "registry", dtypes=("bfloat16", "float16"), rounds=2,
+                        seed=3, timeout_s=300)
+    with Sandbox(opts) as sandbox:
+        v = sandbox.judge_source("linear", source, "linear_tf32.py")
+    assert v.correct, v.reason
+    assert v.timing["dtype"] in ("bfloat16", "float16") and v.failure in (None, "not-faster"), v.reason
+    assert {c.name.split()[0] for c in v.checks} <= {"bfloat16", "float16"}

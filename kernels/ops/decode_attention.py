@@ -170,4 +170,10 @@ SPEC = OpSpec(
     # Few programs (the interpreter's cost), GQA, and two requests longer than one BLOCK_N tile.
     variant_shapes=({"batch": 3, "q_heads": 4, "kv_heads": 1, "head_dim": 32, "kv_len": 24},),
     many_rows={"batch": 33, "q_heads": 1, "kv_heads": 1, "head_dim": 16, "kv_len": 2},
+    # Real head layouts (llama-3-8b, SmolLM2) at short lengths, one request of 8191 tokens (batch 2: the
+    # other has one), and many requests at short lengths (the 17-128 bucket's top; 512 (request, head) rows).
+    range_shapes=({"batch": 1, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "kv_len": 16},
+                  {"batch": 3, "q_heads": 9, "kv_heads": 3, "head_dim": 64, "kv_len": 33},
+                  {"batch": 2, "q_heads": 2, "kv_heads": 1, "head_dim": 16, "kv_len": 4096},
+                  {"batch": 128, "q_heads": 4, "kv_heads": 1, "head_dim": 16, "kv_len": 2}),
 )

@@ -24,7 +24,8 @@ import triton
 from kernelloop.kernels.models import MODELS, PREFILL_TOKENS
 from kernelloop.kernels.ops.extend_attention_kernel import forward
 from kernelloop.kernels.precision import full_precision_matmuls
-from kernelloop.kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class, some_rows, variant_of
+from kernelloop.kernels.spec import (TOKEN_BUDGET, Cost, OpSpec, Shape, Tolerance, Variant, log_uniform, size_class,
+                                     some_rows, variant_of)
 
 # Engine shapes: prefill chunks (new tokens per forward, all requests together) over these cached
 # prefixes per request, in batches of these many requests.
@@ -263,4 +264,10 @@ SPEC = OpSpec(
     # Few programs (the interpreter's cost), GQA, a request longer than one 16-token tile.
     variant_shapes=({"batch": 3, "tokens": 30, "prefix": 12, "q_heads": 4, "kv_heads": 2, "head_dim": 32},),
     many_rows={"batch": 24, "tokens": 48, "prefix": 2, "q_heads": 1, "kv_heads": 1, "head_dim": 16},
+    # Real head layouts (llama-3-8b, SmolLM2) at short lengths, a prefix of 4096 at few requests (batch
+    # 2: one has it all), and a full token budget over many short requests.
+    range_shapes=({"batch": 1, "tokens": 5, "prefix": 16, "q_heads": 32, "kv_heads": 8, "head_dim": 128},
+                  {"batch": 2, "tokens": 9, "prefix": 7, "q_heads": 9, "kv_heads": 3, "head_dim": 64},
+                  {"batch": 2, "tokens": 5, "prefix": 2048, "q_heads": 2, "kv_heads": 1, "head_dim": 16},
+                  {"batch": 64, "tokens": TOKEN_BUDGET, "prefix": 1, "q_heads": 1, "kv_heads": 1, "head_dim": 16}),
 )

@@ -12,8 +12,8 @@ import torch
 
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.fused_add_rmsnorm_kernel import forward
-from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
-                                     size_class, variant_of, vary_rows)
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, TOKEN_BUDGET, Cost, OpSpec, Shape,
+                                     Variant, at_few_rows, lay_out_rows, size_class, variant_of, vary_rows)
 
 
 def reference(
@@ -92,4 +92,5 @@ SPEC = OpSpec(
               {"layout": "3d"}, {"layout": "strided"}),
     variant_shapes=({"tokens": 6, "hidden": 40}, {"tokens": 4, "hidden": 1536}),
     many_rows={"tokens": 300, "hidden": 24},
+    range_shapes=(*at_few_rows("hidden"), {"tokens": TOKEN_BUDGET, "hidden": 24}),
 )

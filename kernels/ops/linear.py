@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.linear_kernel import forward
 from kernelloop.kernels.precision import full_precision_matmuls
-from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
-                                     size_class, variant_of, vary_rows)
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, TOKEN_BUDGET, Cost, OpSpec, Shape, Variant,
+                                     lay_out_rows, size_class, variant_of, vary_rows)
 
 # Vocabulary sizes (lm_head's N), by kernels.models.MODELS name.
 VOCAB: dict[str, int] = {
@@ -151,6 +151,10 @@ SPEC = OpSpec(
     variants=({"bias": True}, {"layout": "3d"}, {"layout": "strided"}, {"scale": 1e-3}, {"zero_rows": True}),
     variant_shapes=({"tokens": 6, "n": 40, "k": 48}, {"tokens": 18, "n": 24, "k": 80}),
     many_rows={"tokens": 300, "n": 16, "k": 16},
+    # At 1-2 rows SmolLM2's square projection, the deepest engine K (a down projection over llama-3-70b's
+    # intermediate size) and a wide N; many rows at a small K and N.
+    range_shapes=({"tokens": 1, "n": 576, "k": 576}, {"tokens": 1, "n": 64, "k": max(m.intermediate for m in MODELS)},
+                  {"tokens": 2, "n": 4096, "k": 64}, {"tokens": TOKEN_BUDGET, "n": 16, "k": 16}),
     tolerance_scale=tolerance_scale,
     tf32=False,
 )

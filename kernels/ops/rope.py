@@ -14,7 +14,8 @@ import torch
 
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.rope_kernel import forward
-from kernelloop.kernels.spec import DEFAULT_TOLERANCES, Cost, OpSpec, Shape, Variant, size_class, some_rows, variant_of
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, TOKEN_BUDGET, Cost, OpSpec, Shape, Variant, size_class, some_rows,
+                                     variant_of)
 
 ROPE_THETA = 500000.0  # Llama-3
 DEFAULT_MAX_POS = 8192 + 256  # make_inputs' cache length unless the shape gives `max_pos`
@@ -141,4 +142,12 @@ SPEC = OpSpec(
     variants=({"positions": "spread"}, {"scale": 1e-3}, {"scale": 1e3}, {"layout": "qkv"}, {"layout": "head_major"}),
     variant_shapes=({"tokens": 6, "q_heads": 4, "kv_heads": 2, "head_dim": 64},),
     many_rows={"tokens": 70, "q_heads": 2, "kv_heads": 1, "head_dim": 8},  # ~15 ms a token in the interpreter
+    # Real head layouts (SmolLM2, llama-3.2-1b, llama-3-70b) at few tokens; many tokens at one head:
+    # on CPU 129 (the 129-1024 bucket's floor), as the baseline takes ~13 ms a token to interpret, in
+    # its call and again in its replay (1025 tokens would add ~28 s to every candidate).
+    range_shapes=({"tokens": 1, "q_heads": 9, "kv_heads": 3, "head_dim": 64},
+                  {"tokens": 2, "q_heads": 32, "kv_heads": 8, "head_dim": 64},
+                  {"tokens": 3, "q_heads": 64, "kv_heads": 8, "head_dim": 128},
+                  {"tokens": TOKEN_BUDGET, "q_heads": 1, "kv_heads": 1, "head_dim": 8}),
+    cpu_range_tokens=129,
 )

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.silu_mul_kernel import forward
-from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, Cost, OpSpec, Shape, Variant, lay_out_rows,
-                                     size_class, variant_of, vary_rows)
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, ROW_VARIANT_KEYS, TOKEN_BUDGET, Cost, OpSpec, Shape,
+                                     Variant, at_few_rows, lay_out_rows, size_class, variant_of, vary_rows)
 
 
 def reference(x: torch.Tensor) -> torch.Tensor:
@@ -73,4 +73,7 @@ SPEC = OpSpec(
     variants=({"scale": 1e-3}, {"scale": 1e2}, {"zero_rows": True}, {"layout": "3d"}, {"layout": "strided"}),
     variant_shapes=({"tokens": 6, "d": 40}, {"tokens": 4, "d": 1100}),
     many_rows={"tokens": 300, "d": 12},
+    # d is an intermediate size: real hidden sizes, and the largest engine model's (llama-3-70b)
+    range_shapes=(*at_few_rows("d"), {"tokens": 1, "d": max(m.intermediate for m in MODELS)},
+                  {"tokens": TOKEN_BUDGET, "d": 12}),
 )

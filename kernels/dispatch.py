@@ -7,7 +7,9 @@ Per (op, dispatch key) the variant is resolved once and cached: the registry's e
 (device, dtype, shape bucket), else the op's baseline Triton kernel, else the torch reference.
 A variant that raises is demoted to the next in that chain for that key, and the call is retried;
 the demotion is logged and listed (`demotions`, shown by the engine's /metrics) until the next
-reload. Running out of memory demotes nothing: it is not the kernel's fault, and the caller decides.
+reload. A registry kernel is loaded as the judge loaded it (kernels/candidate/loader.py) and raises
+ImpureModule after a call that changed its module's state: demoted the same way. Running out of
+memory demotes nothing: it is not the kernel's fault, and the caller decides.
 `reload()` re-reads the registry and swaps every op's cache in one assignment, so a call sees the
 old variants or the new ones, never a mix within one op.
 """

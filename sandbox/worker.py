@@ -67,7 +67,7 @@ def load_module(source: str, filename: str) -> tuple[Callable[..., Any], dict[st
 
     from kernelloop.kernels.candidate.loader import load_kernel
 
-    loaded = load_kernel(source, static=False)
+    loaded = load_kernel(source, static=False, thorough=True)
     constants: dict[str, Any] = {}
     for name, value in list(loaded.namespace.items()):
         if name.startswith("__") or not isinstance(name, str):

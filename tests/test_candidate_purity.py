@@ -88,17 +88,24 @@ def test_a_module_level_iterator_is_refused_at_import(state: str) -> None:
     assert str(info.value).startswith(IMPURE)
 
 
-@pytest.mark.parametrize("state, bump, what", [
-    ("CALLS = 0", "global CALLS; CALLS += 1", "'CALLS' rebound"),
-    ("NEW = 0", "global EXTRA; EXTRA = 1", "'EXTRA' added"),
-    ("GONE = 0", "global GONE; del GONE", "deleted|rebound"),
-    ("class K:\n    n = 0", "K.n += 1", "class K changed"),
-    ("class K:\n    def __init__(self):\n        self.n = 0\n\n\nOBJ = K()", "OBJ.n += 1", "object OBJ changed"),
-    ("def counter():\n    n = 0\n\n    def tick():\n        nonlocal n\n        n += 1\n\n    return tick\n\n\nTICK = counter()",
-     "TICK()", "closure variable n"),
-], ids=["global-rebound", "global-added", "global-deleted", "class-attribute", "instance-attribute", "closure-cell"])
-def test_state_changed_by_a_call_makes_that_call_impure(state: str, bump: str, what: str) -> None:
-    loaded = load_kernel(_with(state, bump), static=False)
+COUNTER = "def counter():\n    n = 0\n\n    def tick():\n        nonlocal n\n        n += 1\n\n    return tick\n\n\nTICK = counter()"
+
+
+@pytest.mark.parametrize("state, bump, what, engine", [
+    ("CALLS = 0", "global CALLS; CALLS += 1", "'CALLS' rebound", True),
+    ("NEW = 0", "global EXTRA; EXTRA = 1", "'EXTRA' added", True),
+    ("GONE = 0", "global GONE; del GONE", "deleted|rebound", True),
+    (COUNTER, "TICK()", "closure variable n", True),
+    ("class K:\n    n = 0", "K.n += 1", "class K changed", False),
+    ("class K:\n    def __init__(self):\n        self.n = 0\n\n\nOBJ = K()", "OBJ.n += 1", "object OBJ changed", False),
+    ("B = 0", "__builtins__['calls'] = 1", "its builtins changed", False),
+], ids=["global-rebound", "global-added", "global-deleted", "closure-cell", "class-attribute", "instance-attribute",
+        "builtins"])
+def test_state_changed_by_a_call_makes_that_call_impure(state: str, bump: str, what: str, engine: bool) -> None:
+    """The judge's check sees every kind; the engine's (cheaper, per call) the module's names and cells."""
+    if not engine:  # not looked at by the engine's check: refused by the judge's
+        load_kernel(_with(state, bump), static=False).forward(*_args())
+    loaded = load_kernel(_with(state, bump), static=False, thorough=not engine)
     with pytest.raises(ImpureModule, match=what) as info:
         loaded.forward(*_args())
     assert str(info.value).startswith(IMPURE)

@@ -95,12 +95,13 @@ def _cacheable(result: Any, fn: Any) -> Any:
     """A result a cache may keep: no tensor in it (refused), frozen containers."""
     import torch
 
-    from kernelloop.kernels.candidate.runtime_purity import IMPURE, ImpureModule, _Freezer, walk_values
+    from kernelloop.kernels.candidate.loader import MODULE_NAME
+    from kernelloop.kernels.candidate.runtime_purity import IMPURE, ImpureModule, frozen, walk_values
 
-    if any(isinstance(v, torch.Tensor) for v in walk_values(result)):
+    if any(isinstance(v, torch.Tensor) for v in walk_values(result, MODULE_NAME)):
         raise ImpureModule(f"{IMPURE}{getattr(fn, '__name__', 'a cached function')} returned a tensor to a cache (a buffer "
                            "handed out again on a later call; kernels must be pure)")
-    return _Freezer("kernelloop_kernel").value(result, f"the result of {getattr(fn, '__name__', '?')}")
+    return frozen(result, f"the result of {getattr(fn, '__name__', '?')}", MODULE_NAME)
 
 
 def _guarded_functools() -> Any:

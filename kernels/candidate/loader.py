@@ -11,7 +11,8 @@ is in by how it was loaded.
    @dataclass needs, so several loaded kernels never collide), with the guarded builtins
    (kernels/candidate/guarded_builtins.py: import allowlist, inert logging, tensor-free caches);
 4. its state frozen and snapshotted (kernels/candidate/runtime_purity.py): `LoadedKernel.forward`
-   raises ImpureModule after any call that changed it.
+   raises ImpureModule after any call that changed it (the judge checks more of it than the engine:
+   see Snapshot; the module cannot tell which).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import sys
 import threading
 import types
 from dataclasses import dataclass, field
+from operator import is_
 from typing import Any, Callable
 
 from kernelloop.kernels.candidate.canonical import Canonical, CanonicalError, canonical
 from kernelloop.kernels.candidate.guarded_builtins import candidate_builtins
-from kernelloop.kernels.candidate.runtime_purity import IMPURE, ImpureModule, Snapshot, freeze
+from kernelloop.kernels.candidate.runtime_purity import CELL_CONTENTS, IMPURE, ImpureModule, Snapshot, freeze
 
 MODULE_NAME = "kernelloop_kernel"
 _EXEC_LOCK = threading.Lock()  # sys.modules holds one MODULE_NAME at a time
@@ -52,9 +54,15 @@ class LoadedKernel:
 def checked_forward(forward: Callable[..., Any], snapshot: Snapshot) -> Callable[..., Any]:
     """`forward`, raising ImpureModule after a call that changed the module's state."""
     changed = snapshot.changed
+    (view, size, values), *more = snapshot.views
+    cells, contents = [c for c, _ in snapshot.cells], snapshot.cell_values
+    inline = not more  # the engine's case: the module's dict and its cells are everything checked
 
     def call(*args: Any) -> Any:
         out = forward(*args)
+        if inline and len(view) == size and all(map(is_, view, values)) \
+                and (not cells or all(map(is_, map(CELL_CONTENTS, cells), contents))):
+            return out
         problem = changed()
         if problem is not None:
             raise ImpureModule(f"{IMPURE}{problem}")
@@ -63,8 +71,10 @@ def checked_forward(forward: Callable[..., Any], snapshot: Snapshot) -> Callable
     return functools.update_wrapper(call, forward)
 
 
-def load_kernel(source: str, arg_names: tuple[str, ...] | None = None, *, static: bool = True) -> LoadedKernel:
-    """Execute a candidate's canonical text as a fresh module (see the module docstring).
+def load_kernel(source: str, arg_names: tuple[str, ...] | None = None, *, static: bool = True,
+                thorough: bool = False) -> LoadedKernel:
+    """Execute a candidate's canonical text as a fresh module (see the module docstring). `thorough`:
+    the judge's purity check after each call (runtime_purity.Snapshot), rather than the engine's.
 
     Raises LoadError for a refusal (canonical text, static check, no forward), ImpureModule for
     module-level state that cannot be frozen, and whatever the module itself raised while executing."""
@@ -103,7 +113,7 @@ def load_kernel(source: str, arg_names: tuple[str, ...] | None = None, *, static
         raise LoadError("the module defines no callable forward")
     freeze(namespace, MODULE_NAME)
     forward = namespace["forward"]
-    return LoadedKernel(canon, namespace, forward, Snapshot(namespace, MODULE_NAME))
+    return LoadedKernel(canon, namespace, forward, Snapshot(namespace, MODULE_NAME, thorough))
 
 
 def _own_arg_names(tree: ast.Module) -> tuple[str, ...]:

@@ -8,10 +8,11 @@ judge's few hundred calls and wrong in a server that runs for days, so after imp
   defaults and closure cells) becomes its immutable equivalent: tuple, `MappingProxyType` over a
   private copy, frozenset, bytes. A module-level iterator or generator (itertools.count(), iter(),
   a generator: state that advances without a write anyone sees) raises ImpureModule.
-- `Snapshot(namespace)`: what the module's state is made of (its dict, the dicts of its classes and
-  module-level instances, its functions' closure cells), by identity. `changed()` after each call
-  names the first difference: a name rebound, added or deleted, a cell rebound. The runner makes it
-  the `impure` verdict; the engine's dispatcher demotes the kernel.
+- `Snapshot(namespace)`: what the module's state is made of (its dict, its functions' closure cells;
+  thoroughly, also its builtins and the dicts of its classes and module-level instances), by
+  identity. `changed()` after each call names the first difference: a name rebound, added or
+  deleted, a cell rebound. The runner makes it the `impure` verdict; the engine's dispatcher
+  demotes the kernel.
 
 Caches handed to candidates (functools.lru_cache/cache/cached_property) refuse results that hold a
 tensor: see guarded_builtins.py.
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 import enum
 import types
-from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import Any, Iterator
 
 MAX_DEPTH = 32
-_CONTENTS = attrgetter("cell_contents")
+CELL_CONTENTS = attrgetter("cell_contents")
 IMPURE = "[impure] "  # starts an ImpureModule's message: the judge's mark for the `impure` verdict
 
 
@@ -106,6 +106,11 @@ class _Freezer:
                 state[name] = self.value(attr, f"{where}.{name}", depth + 1)
 
 
+def frozen(value: Any, where: str, module_name: str) -> Any:
+    """`value` with its containers made immutable (what a cache handed to a candidate keeps)."""
+    return _Freezer(module_name).value(value, where)
+
+
 def freeze(namespace: dict[str, Any], module_name: str) -> None:
     """Freeze a freshly executed module's state in place (see the module docstring)."""
     freezer = _Freezer(module_name)
@@ -118,28 +123,32 @@ def freeze(namespace: dict[str, Any], module_name: str) -> None:
 
 
 class Snapshot:
-    """The identity of everything a module's state is made of, taken after `freeze`."""
+    """The identity of everything a module's state is made of, taken after `freeze`.
 
-    def __init__(self, namespace: dict[str, Any], module_name: str) -> None:
+    `thorough` (the judge's runner): also its builtins and the dicts of its classes and module-level
+    objects. The engine checks its dict and closure cells only, each call costing well under a
+    microsecond: a module whose state changes with its calls does so while judged, where the
+    thorough check refuses it, and it cannot tell the two worlds apart."""
+
+    def __init__(self, namespace: dict[str, Any], module_name: str, thorough: bool = True) -> None:
         self.namespace = namespace
-        self.dicts = [(namespace, "the module")]
+        self.dicts: list[tuple[Any, str]] = [(namespace, "the module")]
+        if thorough and type(namespace.get("__builtins__")) is dict:
+            self.dicts.append((namespace["__builtins__"], "its builtins"))
         self.cells: list[tuple[types.CellType, str]] = []
         seen: set[int] = set()
         for name, value in namespace.items():
             if not (name.startswith("__") and name.endswith("__")):
-                self._collect(value, name, module_name, seen)
-        # Live views: one pass over all of them per check (an identity per value, the key objects).
-        self._values = [d.values() for d, _ in self.dicts]
-        self._keys = [d.keys() for d, _ in self.dicts]
+                self._collect(value, name, module_name, seen, thorough)
+        # Checked after every call, by identity (`is`: nothing the module defines, such as an __eq__, takes
+        # part): each dict's values in order and its size (a name added, deleted or renamed moves or adds
+        # a value), and each closure cell's contents.
+        self.views = [(d.values(), len(d), list(d.values())) for d, _ in self.dicts]
         self._cells = [c for c, _ in self.cells]
-        self.ids = self._value_ids()
-        self.keys = tuple(chain.from_iterable(self._keys))
-        self.held = [list(d.values()) for d, _ in self.dicts] + [[c.cell_contents for c in self._cells]]
+        self.cell_values = [c.cell_contents for c in self._cells]
+        self.held = [list(d.values()) for d, _ in self.dicts] + [self.cell_values]
 
-    def _value_ids(self) -> tuple[int, ...]:
-        return (*map(id, chain.from_iterable(self._values)), *map(id, map(_CONTENTS, self._cells)))
-
-    def _collect(self, value: Any, where: str, module_name: str, seen: set[int]) -> None:
+    def _collect(self, value: Any, where: str, module_name: str, seen: set[int], thorough: bool) -> None:
         if id(value) in seen:
             return
         seen.add(id(value))
@@ -153,20 +162,26 @@ class Snapshot:
                     continue
                 self.cells.append((cell, f"{where}'s closure variable {name}"))
         elif isinstance(value, type) and value.__module__ == module_name:
-            self.dicts.append((vars(value), f"class {value.__name__}"))
+            if thorough:
+                self.dicts.append((vars(value), f"class {value.__name__}"))
             for name, attr in vars(value).items():
                 if not (name.startswith("__") and name.endswith("__")):
-                    self._collect(attr, f"{value.__name__}.{name}", module_name, seen)
+                    self._collect(attr, f"{value.__name__}.{name}", module_name, seen, thorough)
         elif type(value).__module__ == module_name and isinstance(getattr(value, "__dict__", None), dict):
-            self.dicts.append((vars(value), f"object {where}"))
+            if thorough:
+                self.dicts.append((vars(value), f"object {where}"))
         elif type(value) is tuple:
             for item in value:
-                self._collect(item, where, module_name, seen)
+                self._collect(item, where, module_name, seen, thorough)
 
     def changed(self) -> str | None:
         """None when every name and cell still holds the object it held; else what changed."""
-        if self._value_ids() == self.ids and tuple(chain.from_iterable(self._keys)) == self.keys:
-            return None
+        for view, size, values in self.views:
+            if len(view) != size or not all(map(is_, view, values)):
+                break
+        else:
+            if not self._cells or all(map(is_, map(CELL_CONTENTS, self._cells), self.cell_values)):
+                return None
         for (d, what), before in zip(self.dicts, self.held):
             difference = _difference(d, before)
             if difference:
@@ -189,8 +204,8 @@ def _difference(d: dict[str, Any], before_values: list[Any]) -> str | None:
     return "a name deleted"
 
 
-def walk_values(value: Any, depth: int = 0) -> Iterator[Any]:
-    """`value` and what it holds (containers, dataclass-like objects), a few levels deep."""
+def walk_values(value: Any, module_name: str, depth: int = 0) -> Iterator[Any]:
+    """`value` and what it holds (containers, objects of the module's own classes), a few levels deep."""
     yield value
     if depth >= 4:
         return
@@ -198,9 +213,9 @@ def walk_values(value: Any, depth: int = 0) -> Iterator[Any]:
         items: Any = value
     elif isinstance(value, (dict, types.MappingProxyType)):
         items = [*value.keys(), *value.values()]
-    elif isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, (type, types.ModuleType)):
+    elif type(value).__module__ == module_name and isinstance(getattr(value, "__dict__", None), dict):
         items = vars(value).values()
     else:
         return
     for item in list(items)[:1024]:
-        yield from walk_values(item, depth + 1)
+        yield from walk_values(item, module_name, depth + 1)

@@ -6,9 +6,11 @@ dict(inspect.getmembers(torch)) - `inspect` being a global the CPU Triton interp
 the module after the first launch - so no forbidden name is in the source and the static check
 passes it. If the exception
 escapes the judge, judge_files raises and every verdict of the batch is lost (a cheap way to make
-a whole tuning run fail). The point is that the judge returns a verdict (crash).
+a whole tuning run fail). The point is that the judge returns a verdict (crash). Since kernels are
+rebuilt in globals of their own (kernels/interpreter_rewrite.py), `inspect` never reaches the module:
+NameError (raised).
 """
-# expect: static=crash|static runtime=crash
+# expect: static=crash|static runtime=crash|raised
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ by name, but a string literal is just a constant to it, so `def _payload(arg: "(
 int)[1]")` passes it and hands over torch.os when registered. With os, the candidate starts a
 detached `sleep 600` and writes a canary outside scratch. Gain if porous: a process and files
 outside the sandbox. Right answer only if one of them worked. (No `from __future__ import
-annotations`: the annotation must stay a one-level string.)
+annotations`: the annotation must stay a one-level string.) Module-level lists are frozen into
+tuples after import (kernels/candidate/runtime_purity.py): `_sink.append` fails (raised).
 """
-# expect: static=sandbox-violation|static runtime=sandbox-violation|mismatch
+# expect: static=sandbox-violation|static runtime=sandbox-violation|mismatch|raised
 
 import functools
 

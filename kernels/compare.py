@@ -46,6 +46,7 @@ class ErrorStats:
 
 
 def error_stats(out: torch.Tensor, expected: torch.Tensor) -> ErrorStats:
+    """`out`'s error statistics against `expected` (same shape and dtype), in float64."""
     got, want = out.detach().double().flatten(), expected.detach().double().flatten()
     keep = torch.isfinite(want) & torch.isfinite(got)
     if not bool(keep.all()):

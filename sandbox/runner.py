@@ -115,16 +115,16 @@ class Sandbox(ABTiming):
         spec = get_op(op)
         start = time.monotonic()
         v = Verdict(op=op, device=self.fingerprint, file=filename, sha256=_sha256(source))
-        try:  # any failure of a check before the processes start is a verdict, never a raise
+        # The plan depends on the options only: a bad option (an unknown dtype) is the caller's error.
+        plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
+        self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
+        try:  # any failure of a check on the candidate's text is a verdict, never a raise
             problem = None
             if self.options.static_check:
                 result = static_check(source, spec.arg_names)
-                problem = None if result.ok else result.reason
-            if problem is None and self.options.static_check:
-                problem = canonical_problem(source)  # the text that will run
-            if problem is None:
-                plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
-                self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
+                problem = (None if result.ok else result.reason) or canonical_problem(source)  # the text that runs
+        except (KernelloopError, OSError):
+            raise  # the machine's failure, not the candidate's
         except Exception as exc:  # noqa: BLE001
             problem = f"the judge could not check this module ({type(exc).__name__}: {str(exc)[:200]})"
         if problem:
@@ -225,7 +225,8 @@ class Sandbox(ABTiming):
             if judging.runtime_failure(v, {"violations": done["violations"], "error": None}, trial.where):
                 break
             if done["error"]:
-                code, text = judging.bounds_code(str(done["error"]), "untraceable")
+                error = str(done["error"])
+                code, text = judging.bounds_code(error, "memory" if memory_refused(error) else "untraceable")
                 v.fail(code, f"{trial.where}: the replay of its launches failed: {text[:300]}")
                 break
             replays.append(got)

@@ -39,6 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelloop.kernels import interpreter_bounds as bounds
+from kernelloop.sandbox.guards import out_of_memory
 from kernelloop.sandbox.poison import poison
 from kernelloop.sandbox.wire import WIRE_NAMES
 
@@ -76,6 +77,7 @@ class Recorder(TorchDispatchMode):
         self.entries: list[dict[str, Any]] = []
         self.forbidden: list[str] = []
         self.problem: str | None = None
+        self.memory_refused = False  # an allocation the memory limit refused, caught or not
         self._bufs: dict[int, int] = {}  # storage data_ptr -> buffer id
         self._count = self.n_inputs = 0
         self._keep: list[torch.Tensor] = []  # buffers stay alive during the call, so pointers stay unique
@@ -85,7 +87,7 @@ class Recorder(TorchDispatchMode):
 
     def begin(self, args: tuple) -> None:
         self.entries, self.forbidden, self.problem, self._bufs, self._count, self._keep = [], [], None, {}, 0, []
-        self._values, self._python_floats = 0, set()
+        self._values, self._python_floats, self.memory_refused = 0, set(), False
         for a in args:
             if isinstance(a, torch.Tensor):
                 self._new_buffer(a)
@@ -173,7 +175,13 @@ class Recorder(TorchDispatchMode):
             self.forbidden.append(str(func))
         if self.in_launch:  # Triton's own bookkeeping around a launch (the interpreter copies storages)
             return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except BaseException as exc:
+            # A refused allocation counts even when the candidate catches it: probing the limit
+            # would tell the judge from a server with more memory.
+            self.memory_refused = self.memory_refused or out_of_memory(exc)
+            raise
         if name == "lift_fresh" and isinstance(out, torch.Tensor) and self.problem is None:
             try:
                 self._lift(out)

@@ -150,6 +150,9 @@ def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], devic
         out = None
     finally:
         state["recorder"] = None
+    if recorder.memory_refused and not facts["memory"]:  # refused, then caught by the candidate
+        facts["error"] = facts["error"] or "an allocation was refused by the memory limit (the candidate caught it)"
+        facts["memory"], out = True, None
     record = recorder.finish(out) if out is not None else Record(entries=[], outputs=[], inputs=len(args), problem=None)
     facts["launches"] = state["launches"]
     facts["torch_ops"] = sorted(set(recorder.forbidden))[:10]

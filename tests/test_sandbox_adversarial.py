@@ -10,7 +10,8 @@ Each candidate file says what the sandbox must answer, on a line like
 switched off, which proves the runtime guards hold by themselves. `# op: <name>` picks the op
 (default rmsnorm); `# timing: on` judges the file with A/B timing (the clock-patching exploits);
 `# memory-mb: N` gives it its own allowance (a hog that writes every page it takes must reach its limit
-well within the deadline on a slow machine too).
+well within the deadline on a slow machine too); `# timeout-s: N` its own budget (an exploit that
+misbehaves only on a late case of the battery, e.g. a fused-qkv variant of rope, must reach it).
 
 All candidates of one (timing, control, static) group are judged by one Sandbox (one pre-warmed
 fork server), once per module; each file is then its own test id. Exploits are judged in float32
@@ -49,6 +50,7 @@ _EXPECT = re.compile(r"^# expect:\s*(.+?)\s*$", re.M)
 _OP = re.compile(r"^# op:\s*(\w+)\s*$", re.M)
 _TIMING = re.compile(r"^# timing:\s*on\s*$", re.M)
 _MEMORY = re.compile(r"^# memory-mb:\s*(\d+)\s*$", re.M)
+_BUDGET = re.compile(r"^# timeout-s:\s*(\d+)\s*$", re.M)
 
 
 def _parse(path: Path) -> dict:
@@ -59,7 +61,8 @@ def _parse(path: Path) -> dict:
     spec = m.group(1)
     entry = {"path": path, "name": path.stem, "op": (_OP.search(text) or [None, "rmsnorm"])[1],
              "timing": bool(_TIMING.search(text)), "control": spec == "control", "payload": spec == "registry-payload",
-             "memory_mb": int((_MEMORY.search(text) or [None, MEMORY_MB])[1])}
+             "memory_mb": int((_MEMORY.search(text) or [None, MEMORY_MB])[1]),
+             "timeout_s": float((_BUDGET.search(text) or [None, 0])[1]) or None}
     if not entry["control"] and not entry["payload"]:
         parts = dict(p.split("=", 1) for p in spec.split())
         if set(parts) != {"static", "runtime"}:
@@ -156,15 +159,16 @@ def judged(machine):
     from kernelloop.sandbox import CheckOptions, Sandbox
 
     registry = machine["tmp"].mktemp("registry")
-    groups: dict[tuple[bool, bool], list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for case in CASES:
-        groups.setdefault((case["timing"], case["control"], case["memory_mb"]), []).append(case)
+        groups.setdefault((case["timing"], case["control"], case["memory_mb"], case["timeout_s"] or 0), []).append(case)
     results = {}
-    for (timing, control, memory_mb), cases in sorted(groups.items()):
+    for (timing, control, memory_mb, budget), cases in sorted(groups.items()):
         # Controls with the static check on only: it changes no code, so the runtime layers are the same.
         for mode, static in (("static", True),) if control else (("static", True), ("runtime", False)):
             opts = CheckOptions(device="cpu", registry=registry, timing=timing, static_check=static,
-                                timeout_s=CONTROL_TIMEOUT_S if control else TIMED_TIMEOUT_S if timing else TIMEOUT_S,
+                                timeout_s=budget or (CONTROL_TIMEOUT_S if control else TIMED_TIMEOUT_S if timing
+                                                     else TIMEOUT_S),
                                 memory_mb=memory_mb, seed=SEED, dtypes=() if control else ("float32",),
                                 rounds=None if control else 3)
             with Sandbox(opts) as sandbox:

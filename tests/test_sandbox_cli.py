@@ -77,7 +77,8 @@ def test_fresh_interpreter_mode_gives_the_same_verdicts(tmp_path: Path) -> None:
     for fork in (True, False):
         options = CheckOptions(registry=tmp_path / "reg", timing=False, seed=3, fork_server=fork, dtypes=("float32",))
         with Sandbox(options) as sandbox:
-            results.append([(v.correct, v.failure, v.reason) for v in
+            # The trial that failed, not its values: unwritten elements hold poison drawn per allocation.
+            results.append([(v.correct, v.failure, v.reason.split(":")[0]) for v in
                             (sandbox.judge_source("rmsnorm", p.read_text(), str(p)) for p in paths)])
     assert results[0] == results[1]
     assert results[0][0][0] and results[0][1][1] == "mismatch"

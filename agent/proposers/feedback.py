@@ -41,9 +41,13 @@ HINTS = {
     "timeout": "It ran past the time limit: too many program instances or an endless loop.",
     "memory": "It ran out of memory: allocate only the outputs (and small scratch).",
     "raised": "forward raised: handle every shape and dtype the op is called with.",
+    "impure": "Keep no state between calls: nothing at module level may change after import (no counters, caches "
+              "of tensors, iterators, global/nonlocal writes, self.x = ... outside __init__).",
     "bad-output": "Return new tensors of the op's count, shapes, dtype and device.",
     "aliasing": "Outputs must be freshly allocated, never views of inputs.",
     "input-mutated": "Never write into an input; store only to tensors you allocated.",
+    "out-of-bounds": "Every load and store must stay inside the tensor it was given: mask each access with the "
+                     "tensor's own extent (rows, columns, strides), never read or write padding or past the end.",
     "mismatch": "Load, then .to(tl.float32) before arithmetic; mask loads with other=0.0; write every output element.",
     "biased": "Compute in float32 and round once to the output dtype (round to nearest, never truncate); use the "
               "op's exact constants (eps, scale): a systematic error compounds over layers even within tolerance.",

@@ -74,8 +74,13 @@ def candidate_rules(op: str) -> str:
         f"- Allowed imports only: {', '.join(sorted(ALLOWED_IMPORTS))}. No open/eval/exec/getattr/"
         "globals, no dunder or _private attributes, no assignments to module attributes, no threads, "
         "files, processes or CUDA streams/events/graphs.",
-        "- Mask every tl.load and tl.store (an out-of-bounds access corrupts memory); use other=0.0 on "
-        "loads that feed reductions.",
+        "- The module is pure: nothing it holds changes after import (no global/nonlocal writes, no changes to "
+        "module-level containers or objects, self.x = ... only in __init__, no cached tensors), and it reads no "
+        "clock, random generator or process state (thread counts, grad mode, memory statistics).",
+        "- Mask every tl.load and tl.store: every address must lie inside the view it was given (its padding and "
+        "anything past its end are out of bounds, and are checked); use other=0.0 on loads that feed reductions.",
+        "- Errors must be unbiased: compute in float32 and round once, to nearest, to the output dtype; use the "
+        "op's exact constants (a systematic error within the tolerance is still rejected).",
         "- Convert loaded values to float32 (`.to(tl.float32)`) before any arithmetic and cast to the "
         "output's element type only when storing (`y.to(y_ptr.dtype.element_ty)`).",
         "- Inputs must not be modified and outputs must not alias inputs. Results must be deterministic "

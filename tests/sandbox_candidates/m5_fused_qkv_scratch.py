@@ -5,6 +5,7 @@ views alone sees nothing; the v part is the attention's next input.
 """
 # expect: static=out-of-bounds runtime=out-of-bounds
 # op: rope
+# timeout-s: 120
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ def judge_replay(v: Verdict, where: str, candidate: list[torch.Tensor], replays:
         v.fail("nondeterministic", f"{where}: two runs of the same launches on the same inputs gave different bits")
     else:
         v.fail("launch-independent", f"{where}: replaying its Triton launches alone does not give the output it "
-               "returned: part of the result was made outside its kernels")
+               "returned: part of the result was made outside its kernels, or they read memory nobody wrote")
 
 
 ROOFLINE_SLACK = 1.25  # measured rates are not quite the peaks; allow a call this much below the roofline

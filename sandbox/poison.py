@@ -5,7 +5,10 @@ filled with a pattern drawn for that allocation from os.urandom: NaN, zeros, ran
 finite value, normal noise (integers: -1, zeros, random bits, the type's extreme). The runner and
 the replay draw independently, so a kernel that reads memory it never wrote gives different bits in
 the two (refused: the replay must match bit for bit), and no fixed pattern tells the judge from the
-engine, which never poisons (real allocations are often zeros, or stale data).
+engine, which never poisons (real allocations are often zeros, or stale data). The replayer draws
+from a seed of its own that it restarts before each replay (`repeat_from`): two replays of one record
+poison alike, so replays that differ from each other are a nondeterministic kernel, and replays that
+agree with each other but not with the runner are a result made outside the launches.
 
 Guard zones (replay only): each buffer made during the call lives inside a larger allocation with
 `guard_bytes` of random bytes before and after it; `Guarded.intact()` says whether a kernel wrote
@@ -15,6 +18,7 @@ there. On a GPU, where no address is checked, that is what catches a store past 
 from __future__ import annotations
 
 import os
+import random
 
 import torch
 
@@ -24,10 +28,24 @@ FLOAT_PATTERNS = {"nan": 2, "zeros": 1, "bits": 2, "large": 1, "normal": 2}
 INT_PATTERNS = {"minus_one": 2, "zeros": 1, "bits": 3, "extreme": 2}
 BOOL_PATTERNS = {"false": 1, "true": 1, "bits": 2}
 _GENERATORS: dict[tuple[int, str], torch.Generator] = {}
+_REPEAT: random.Random | None = None  # set by `repeat_from`: draws follow a sequence, else os.urandom
 
 
 def _seed() -> int:
+    if _REPEAT is not None:
+        return _REPEAT.getrandbits(63)
     return int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+
+
+def fresh_seed() -> int:
+    """A seed from os.urandom, whatever mode the draws are in."""
+    return int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+
+
+def repeat_from(seed: int) -> None:
+    """Draw, from now on in this process, the sequence `seed` gives (patterns and random bytes alike)."""
+    global _REPEAT
+    _REPEAT = random.Random(seed)
 
 
 def _generator(device: torch.device) -> torch.Generator:
@@ -36,6 +54,8 @@ def _generator(device: torch.device) -> torch.Generator:
     key = (os.getpid(), str(device))
     if key not in _GENERATORS:
         _GENERATORS[key] = torch.Generator(device=device).manual_seed(_seed())
+    elif _REPEAT is not None:
+        _GENERATORS[key].manual_seed(_seed())
     return _GENERATORS[key]
 
 

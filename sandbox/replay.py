@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
+from kernelloop.sandbox import poison
 from kernelloop.sandbox.replay_memory import Buffers
 from kernelloop.sandbox.trace import ALLOCATORS, DATA_ATEN, FILLS, LITERAL_DTYPES, MAX_ENTRIES, MAX_PYTHON_VALUES
 from kernelloop.sandbox.wire import WIRE_DTYPES, check_meta
@@ -177,6 +178,7 @@ class Replay:
         self.kernels, self.device = kernels, torch.device(device)
         self.check_addresses = check_addresses
         self.buffers = Buffers([], self.device)
+        self.poison_seed = poison.fresh_seed()  # every replay in this process poisons alike
         if check_addresses:
             bounds.install()
 
@@ -185,6 +187,7 @@ class Replay:
             raise ReplayError("malformed record")
         if record.get("inputs") != len(inputs) or len(record["entries"]) > MAX_ENTRIES:
             raise ReplayError("the record does not match the call's inputs")
+        poison.repeat_from(self.poison_seed)
         self.buffers, self._values = Buffers(inputs, self.device), 0
         for entry in record["entries"]:
             if not isinstance(entry, dict):

@@ -50,8 +50,9 @@ def test_a_registry_source_is_loaded_with_triton_configured():
     code = ("import os\nfrom kernelloop.kernels.registry.loader import load_forward\n"
             "from kernelloop.kernels.registry.entry import sha256_text\n"
             "source = 'import triton\\n\\n@triton.jit\\ndef k(x):\\n    pass\\n\\n"
-            "def forward(x):\\n    return type(k).__name__\\n'\n"
-            "print(load_forward(source, sha256_text(source), 'test')(None), os.environ.get('TRITON_INTERPRET'))\n"
+            "def forward(x):\\n    return k\\n'\n"
+            "kernel = load_forward(source, sha256_text(source), 'test')(None)\n"
+            "print(type(kernel).__name__, os.environ.get('TRITON_INTERPRET'))\n"
             "import torch\nprint(torch.cuda.is_available())\n")
     result = _python(code, TRITON_INTERPRET=None)
     assert result.returncode == 0, result.stderr[-2000:]

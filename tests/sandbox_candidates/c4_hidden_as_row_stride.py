@@ -2,7 +2,7 @@
 fewer argument, no reshape). Right for contiguous inputs, wrong for a slice of a wider buffer (a
 fused projection's output) whose row stride is larger. Gain if every checked input was contiguous.
 """
-# expect: static=mismatch runtime=mismatch
+# expect: static=out-of-bounds runtime=out-of-bounds
 
 from __future__ import annotations
 

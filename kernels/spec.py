@@ -151,6 +151,11 @@ CUDA_ENGINE_SHAPES = 4  # engine shapes in the CUDA battery, spread over decode 
 # scheduler sends up to TOKEN_BUDGET rows in one forward (its default max_prefill_tokens, checked by
 # tests/test_battery.py), and real models' hidden sizes are powers of two and SmolLM2's 576.
 TOKEN_BUDGET = 4096
+# On CPU a range shape's tokens stop at the low end of the top bucket the engine reaches (1025-8192),
+# past every bucket boundary it crosses: a kernel with one program per token pays ~2 ms a token in a
+# call and again in its replay, so TOKEN_BUDGET tokens would take most of a candidate's budget. The
+# engine never hands a registry kernel more rows than its device's judge checked (`judged_tokens`).
+CPU_RANGE_TOKENS = TOKEN_BUCKETS[-2] + 1
 REAL_HIDDEN: tuple[int, ...] = (576, 2048, 4096, 8192)
 
 
@@ -302,7 +307,7 @@ class OpSpec:
                   short lengths. Costly to interpret for a kernel with one program per row: on CPU
                   each runs in one dtype, its tokens capped (sandbox/plan.py). Cheap cases first.
     cpu_range_tokens: the CPU cap on a range shape's tokens for an op far costlier a token to
-                  interpret than most; None: the plan's (the low end of the top bucket, 1025).
+                  interpret than most; None: CPU_RANGE_TOKENS (the low end of the top bucket, 1025).
     tolerance_scale: optional (shape, dtype) -> positive factor multiplying a dtype's atol and rtol at that
                   shape (`tolerance(dtype, shape)`), for ops whose legitimate rounding error grows with
                   a dimension (a matmul's float32 accumulation over K); None: tolerances are per dtype
@@ -355,6 +360,14 @@ class OpSpec:
         """The engine's ranges (`range_shapes`), default inputs: the sandbox checks each in one dtype
         on CPU (every dtype on CUDA), after the battery."""
         return _unique([Case(dict(s)) for s in self.range_shapes])
+
+    def judged_tokens(self, device: str) -> int:
+        """The most tokens (rows) a kernel of this op is judged at on `device` (an option's "cpu" /
+        "cuda" or a registry fingerprint): the scheduler's whole budget on a GPU, the CPU cap on the
+        interpreter. The engine sends a registry kernel no more (kernels/dispatch.py)."""
+        if device.startswith("cpu"):
+            return self.cpu_range_tokens or CPU_RANGE_TOKENS
+        return TOKEN_BUDGET
 
     @property
     def dtypes(self) -> tuple[torch.dtype, ...]:

@@ -40,11 +40,6 @@ CUDA_TRIAL_LIMIT = Cost(bytes=3_000_000_000, flops=100_000_000_000)
 # to CPU_TIMING_CAP rows: interpreter times describe the interpreter anyway, never a GPU.
 CPU_SIZE_CAP = 129  # the low end of the 129-1024 bucket
 CPU_TIMING_CAP = 16  # the high end of the 2-16 bucket
-# The op's range shapes (`OpSpec.range_shapes`) reach the scheduler's whole token budget; on CPU their
-# token count stops at the low end of the top bucket the engine reaches (1025-8192), past every bucket
-# boundary it crosses: a kernel with one program per token pays ~2 ms a token in a call and again in
-# its replay (rope ~16 ms), so TOKEN_BUDGET tokens would take most of a candidate's budget.
-CPU_RANGE_TOKENS = TOKEN_BUCKETS[-2] + 1
 
 
 def trial_inputs(spec: OpSpec, shape: dict, dtype: str, seed: int, variant: dict) -> tuple:
@@ -157,13 +152,10 @@ def _every_dtype(spec: OpSpec, options: CheckOptions, shape: dict, variant: dict
 
 
 def range_cases(spec: OpSpec, options: CheckOptions) -> list[tuple[dict[str, int], dict[str, Any]]]:
-    """The op's range cases as the device judges them: on CPU at most CPU_RANGE_TOKENS tokens (or the
-    op's own `cpu_range_tokens`)."""
-    cases = [(dict(c.shape), dict(c.variant)) for c in spec.range_cases()]
-    if options.device == "cpu":
-        cap = spec.cpu_range_tokens or CPU_RANGE_TOKENS
-        cases = [({**s, "tokens": min(s["tokens"], cap)} if "tokens" in s else s, v) for s, v in cases]
-    return cases
+    """The op's range cases as the device judges them: at most `spec.judged_tokens(device)` tokens."""
+    cap = spec.judged_tokens(options.device)
+    return [({**s, "tokens": min(s["tokens"], cap)} if "tokens" in s else s, v)
+            for s, v in ((dict(c.shape), dict(c.variant)) for c in spec.range_cases())]
 
 
 def _repeated(options: CheckOptions, shape: dict, ranges: list) -> bool:

@@ -93,9 +93,18 @@ def test_canonical_text_is_the_checked_program_without_comments_or_docstrings() 
     ("return 1\n", "does not compile"),
 ])
 def test_a_source_without_canonical_text_is_one_line(source: str, message: str) -> None:
-    with pytest.raises(CanonicalError, match=message) as info:
-        canonical(source)
-    assert "\n" not in str(info.value)
+    for _ in range(2):  # remembered refusals are refused alike
+        with pytest.raises(CanonicalError, match=message) as info:
+            canonical(source)
+        assert "\n" not in str(info.value)
+
+
+def test_a_remembered_text_gives_every_caller_a_tree_of_its_own() -> None:
+    first = canonical(HONEST)
+    first.tree.body.clear()  # a caller that changes its tree changes nobody else's
+    second = canonical(HONEST)
+    assert second.text == first.text and second.tree.body and second.tree is not first.tree
+    assert ast.dump(second.tree) == ast.dump(ast.parse(second.text))
 
 
 @pytest.mark.parametrize("path", sorted(REPO.glob("kernels/ops/*_kernel.py")) + sorted(CANDIDATES.glob("control_*.py")),

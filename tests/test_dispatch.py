@@ -76,6 +76,20 @@ def test_a_kernel_that_raises_falls_back_to_the_baseline(registry):
     assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": "baseline"}
 
 
+ZEROS_SOURCE = "import torch\n\ndef forward(x, weight, eps):\n    return torch.zeros_like(x)\n"
+
+
+def test_a_cpu_registry_kernel_never_gets_more_tokens_than_its_judge_checked(registry):
+    """Past the CPU judge's range (1025 tokens) a call goes to the baseline; within it, to the entry."""
+    add(registry, ZEROS_SOURCE, bucket=ANY_BUCKET)
+    kd = Dispatcher("registry", registry=registry)
+    limit = SPEC.judged_tokens(kd.device)
+    within, past = inputs({"tokens": limit, "hidden": 4}), inputs({"tokens": limit + 1, "hidden": 4})
+    assert kd.rmsnorm(*within).abs().max() == 0  # the entry served the largest judged call
+    torch.testing.assert_close(kd.rmsnorm(*past), SPEC.reference(*past))  # same size class, past the range
+    assert kd.variants_in_use()["rmsnorm"]["float32 hidden=4,tokens=1025-8192"].startswith("registry:")
+
+
 def test_a_tampered_entry_is_not_loaded(registry):
     entry = add(registry)
     (registry.path / entry.source_path).write_text(RAISING_SOURCE)

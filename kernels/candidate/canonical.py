@@ -20,6 +20,7 @@ one-line literals. `canonical()` refuses (CanonicalError, one line) a source tha
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import re
@@ -49,16 +50,27 @@ class Canonical:
 
 
 def canonical(source: str) -> Canonical:
-    """The canonical text of `source`, or CanonicalError saying why there is none."""
+    """The canonical text of `source`, or CanonicalError saying why there is none. Each call gets a
+    tree of its own; the text (or the refusal) is remembered for the last few sources."""
+    if not isinstance(source, str):
+        raise CanonicalError("the source is not text")
+    text_or_error = _text_of(source)
+    if isinstance(text_or_error, CanonicalError):
+        raise CanonicalError(str(text_or_error))
+    return Canonical(text_or_error, hashlib.sha256(text_or_error.encode()).hexdigest(), ast.parse(text_or_error))
+
+
+@functools.lru_cache(maxsize=16)
+def _text_of(source: str) -> str | CanonicalError:
     try:
         return _canonical(source)
-    except CanonicalError:
-        raise
+    except CanonicalError as exc:
+        return CanonicalError(str(exc))  # without the traceback, which holds the source's frames
     except (SyntaxError, ValueError) as exc:  # ValueError: null bytes
         line = f"line {exc.lineno}: " if isinstance(exc, SyntaxError) and exc.lineno else ""
-        raise CanonicalError(f"{line}the source does not compile: {getattr(exc, 'msg', None) or exc}") from None
+        return CanonicalError(f"{line}the source does not compile: {getattr(exc, 'msg', None) or exc}")
     except (RecursionError, MemoryError) as exc:
-        raise CanonicalError(f"the source is too deeply nested or too large to canonicalise ({type(exc).__name__})") from None
+        return CanonicalError(f"the source is too deeply nested or too large to canonicalise ({type(exc).__name__})")
 
 
 def canonical_problem(source: str) -> str | None:
@@ -72,9 +84,7 @@ def canonical_problem(source: str) -> str | None:
     return None
 
 
-def _canonical(source: str) -> Canonical:
-    if not isinstance(source, str):
-        raise CanonicalError("the source is not text")
+def _canonical(source: str) -> str:
     tree = ast.parse(source)
     problem = extraction_problem(source, tree, "<kernelloop source as written>")
     if problem:
@@ -87,7 +97,7 @@ def _canonical(source: str) -> Canonical:
     problem = extraction_problem(text, again, "<kernelloop canonical text>")
     if problem:
         raise CanonicalError(f"{problem} (in the canonical text)")
-    return Canonical(text, hashlib.sha256(text.encode()).hexdigest(), again)
+    return text
 
 
 def strip_docstrings(tree: ast.Module) -> ast.Module:
@@ -113,11 +123,12 @@ def extraction_problem(text: str, tree: ast.Module, label: str) -> str | None:
             defs[(node.name, first)] = node
     code = compile(tree, label, "exec", dont_inherit=True)  # also: what parses but cannot run (`return` at top)
     lines = text.splitlines(keepends=True)
+    parsed: dict[str | None, ast.FunctionDef | None] = {}  # the two rules often take the same text
     for fn_code in _function_codes(code):
         node = defs.get((fn_code.co_name, fn_code.co_firstlineno))
         if node is None:
             continue  # a lambda or a comprehension: neither rule yields a def from its text
-        problem = _rules_disagree(node, *source_lines(lines, fn_code.co_firstlineno))
+        problem = _rules_disagree(node, *source_lines(lines, fn_code.co_firstlineno), parsed)
         if problem:
             return f"line {node.lineno}: {problem}"
     return None
@@ -179,13 +190,16 @@ def _single_def(text: str | None) -> ast.FunctionDef | None:
     return body[0] if len(body) == 1 and isinstance(body[0], ast.FunctionDef) else None
 
 
-def _rules_disagree(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], first: int) -> str | None:
+def _rules_disagree(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], first: int,
+                    parsed: dict[str | None, ast.FunctionDef | None]) -> str | None:
     """A def parsed from the text a rule takes is the node itself when it spans the node's own lines
     (the same text parses to the same def); `first`: the line number of lines[0]."""
     # The interpreter execs whatever it parsed and returns the def named like the function; compiled
     # Triton takes the one def it parsed, whatever its name. Text that is not one def builds nothing.
     for rule, (text, start) in (("Triton's interpreter", interpreter_text(lines)), ("compiled Triton", compiled_text(lines))):
-        got = _single_def(text)
+        if text not in parsed:
+            parsed[text] = _single_def(text)
+        got = parsed[text]
         if got is None or (rule == "Triton's interpreter" and got.name != node.name):
             continue
         where = first + start + got.lineno - 1

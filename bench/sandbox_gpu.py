@@ -7,9 +7,11 @@
    interval, timing mode (replayed launches, CUDA events after an L2 flush), percent of copy
    bandwidth, verdict; every sandboxed process confined (namespaces, Landlock, seccomp) with CUDA.
 3. Baseline vs itself: the interval must contain 1.0 and the verdict must be not-faster.
-4. Three exploits judged with the static check off, none accepted: work on an unjoined side stream
-   (tests/sandbox_candidates_gpu/side_stream.py), a result cached by shape (cached_result.py), and
-   torch computing out of the dispatch mode's sight after a dummy launch (dispatch_mode_escape.py).
+4. Exploits judged with the static check off, none accepted: work on an unjoined side stream
+   (tests/sandbox_candidates_gpu/side_stream.py), a result cached by shape (cached_result.py),
+   torch computing out of the dispatch mode's sight after a dummy launch (dispatch_mode_escape.py);
+   and Sandbox v3's GPU paths: a def that only compiled Triton's rule would build (l1_*), a store one
+   element past the output and into an input's padding (m5_*), and a host memory hog (memory_hog.py).
 
 Every case is judged with the static check off; for the honest ones the judge runs the same check
 (`sandbox.static_check`) itself first, so the cases need only one sandbox (one fork server) per
@@ -74,6 +76,16 @@ CASES = (
     Case("exploit: cached result", "rmsnorm", TESTS / "sandbox_candidates" / "cached_result.py", True, "exploit"),
     Case("exploit: torch out of sight", "rmsnorm", TESTS / "sandbox_candidates" / "dispatch_mode_escape.py", True,
          "exploit"),
+    # Sandbox v3's layers on the GPU's own paths: the canonical text under compiled Triton's rule, guard
+    # zones and the whole storage behind a view on CUDA, the memory rlimit beside the CUDA driver. (Last:
+    # a step cut by its timeout keeps the rows before them.)
+    Case("exploit: a def only compiled Triton would build", "rmsnorm",
+         TESTS / "sandbox_candidates" / "l1_decorator_def_gpu_only.py", True, "exploit"),
+    Case("exploit: store past its output", "rmsnorm", TESTS / "sandbox_candidates" / "m5_store_past_output.py", True,
+         "exploit"),
+    Case("exploit: input padding as scratch", "rmsnorm",
+         TESTS / "sandbox_candidates" / "m5_store_into_input_padding.py", True, "exploit"),
+    Case("exploit: host memory hog", "rmsnorm", TESTS / "sandbox_candidates" / "memory_hog.py", True, "exploit"),
 )
 
 
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{sandboxes.started} sandbox(es) (fork servers) started, one per timing shape.",
             f"checks {'so far ' if status else ''}{'passed' if ok else 'FAILED'}: honest variants correct; "
             "baseline vs itself correct, not accepted "
-            "and its interval around 1.0; no exploit accepted (the cached and torch ones not even correct).",
+            "and its interval around 1.0; no exploit accepted, none but the side stream even correct.",
             f"wall time {time.perf_counter() - start:.0f} s.",
         ]
         return write_report("sandbox-gpu", "Sandbox on the GPU: timing modes, variants, exploits", rows,

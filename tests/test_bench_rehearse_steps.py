@@ -143,6 +143,7 @@ def test_tune_pass_rule():
 def test_sandbox_cases_need_one_sandbox_per_timing_shape(monkeypatch):
     cases = sandbox_gpu.grouped(sandbox_gpu.CASES)
     assert sorted(c.name + c.op for c in cases) == sorted(c.name + c.op for c in sandbox_gpu.CASES)
+    assert all(c.path.is_file() for c in cases)
     made: list[CheckOptions] = []
 
     class FakeSandbox:

@@ -32,9 +32,7 @@ _REPEAT: random.Random | None = None  # set by `repeat_from`: draws follow a seq
 
 
 def _seed() -> int:
-    if _REPEAT is not None:
-        return _REPEAT.getrandbits(63)
-    return int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+    return _REPEAT.getrandbits(63) if _REPEAT is not None else fresh_seed()
 
 
 def fresh_seed() -> int:

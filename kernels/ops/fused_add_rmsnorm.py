@@ -12,8 +12,9 @@ import torch
 
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.fused_add_rmsnorm_kernel import forward
-from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, NORM_VARIANT_KEYS, TOKEN_BUDGET, Cost, OpSpec, Shape,
-                                     Variant, at_few_rows, lay_out_rows, size_class, variant_of, vary_rows)
+from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, TOKEN_BUDGET, Cost, OpSpec, Shape, Variant, at_few_rows,
+                                     size_class)
+from kernelloop.kernels.inputs import NORM_VARIANT_KEYS, lay_out_rows, variant_of, vary_rows
 
 
 def reference(

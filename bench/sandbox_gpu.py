@@ -11,7 +11,9 @@
    (tests/sandbox_candidates_gpu/side_stream.py), a result cached by shape (cached_result.py),
    torch computing out of the dispatch mode's sight after a dummy launch (dispatch_mode_escape.py);
    and Sandbox v3's GPU paths: a def that only compiled Triton's rule would build (l1_*), a store one
-   element past the output and into an input's padding (m5_*), and a host memory hog (memory_hog.py).
+   element past the output and into an input's padding (m5_*), and a host memory hog (memory_hog.py);
+   races (r1_*: a program reading another's output, a float atomic_add sum), which the judge replays
+   beside a concurrent load on CUDA.
 
 Every case is judged with the static check off; for the honest ones the judge runs the same check
 (`sandbox.static_check`) itself first, so the cases need only one sandbox (one fork server) per
@@ -79,6 +81,11 @@ CASES = (
     # Sandbox v3's layers on the GPU's own paths: the canonical text under compiled Triton's rule, guard
     # zones and the whole storage behind a view on CUDA, the memory rlimit beside the CUDA driver. (Last:
     # a step cut by its timeout keeps the rows before them.)
+    # Races (#24): programs that read another program's output, float atomics; repeated beside a load.
+    Case("exploit: race, the last program finalizes", "rmsnorm",
+         TESTS / "sandbox_candidates" / "r1_last_program_finalizes.py", True, "exploit"),
+    Case("exploit: race, float atomic_add", "rmsnorm", TESTS / "sandbox_candidates" / "r1_float_atomic_add_sum.py",
+         True, "exploit"),
     Case("exploit: a def only compiled Triton would build", "rmsnorm",
          TESTS / "sandbox_candidates" / "l1_decorator_def_gpu_only.py", True, "exploit"),
     Case("exploit: store past its output", "rmsnorm", TESTS / "sandbox_candidates" / "m5_store_past_output.py", True,

@@ -194,13 +194,14 @@ class Child:
 
     # -- a replayer -----------------------------------------------------------------------------
 
-    def start_replay(self, record: Record, inputs: list[torch.Tensor]) -> None:
-        """Stage a record and its inputs, then say "go"; `finish_replay` collects the outputs."""
+    def start_replay(self, record: Record, inputs: list[torch.Tensor], order: int | None = None) -> None:
+        """Stage a record and its inputs, then say "go" (`order`: messages.Go); `finish_replay` collects
+        the outputs."""
         self._sent_at, self._n_inputs = time.monotonic(), len(inputs)
         self.send(Stage(type="stage", record=record), inputs)
         self.expect("staged")
         self._go_at = time.perf_counter()
-        self.send(Go(type="go"))
+        self.send(Go(type="go") if order is None else Go(type="go", order=order))
 
     def finish_replay(self, limit: int) -> tuple[list, list, float, Done]:
         """(outputs, inputs afterwards, seconds, "done"). The seconds: on CUDA the replayer's event time

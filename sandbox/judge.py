@@ -134,17 +134,55 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
     return comparison
 
 
-def judge_replay(v: Verdict, where: str, candidate: list[torch.Tensor], replays: list[list[torch.Tensor]],
-                 inputs: list[torch.Tensor], replay_inputs: list[torch.Tensor]) -> None:
-    """The replay of the recorded launches must give the candidate's outputs, bit for bit.
+Replays = list[tuple[int | None, list[torch.Tensor]]]  # (programs' order seed, None: grid order; outputs)
+DECIDED = "decided"  # next_order: no more replays are needed
 
-    `replays` holds one replay's outputs, or two when the first differed (to tell a nondeterministic
-    kernel, whose replays differ from each other, from an output made outside its launches)."""
-    first = replays[0]
-    if len(first) == len(candidate) and all(same_bits(a, b) for a, b in zip(first, candidate)):
+
+def _same_outputs(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
+
+
+def next_order(candidate: list[torch.Tensor], replays: Replays, pending: list[int]) -> int | None | str:
+    """After each replay of one call: the order of the next replay, or DECIDED. While replays match
+    the candidate, the `pending` orders (more shuffled orders, for kernels with atomics) follow. After
+    one differs, grid-order replays tell a race (grid order matches) from a nondeterministic kernel
+    (two grid-order replays differ) and a result made outside the launches (they agree, wrongly)."""
+    if all(_same_outputs(got, candidate) for _, got in replays):
+        return pending.pop(0) if pending else DECIDED
+    grid = [got for order, got in replays if order is None]
+    if not grid or (len(grid) == 1 and not _same_outputs(grid[0], candidate)):
+        return None
+    return DECIDED
+
+
+def _first_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return f"output {i} differs in shape or dtype"
+        differ = (bits(x) != bits(y)).reshape(-1)
+        if differ.any():
+            at = tuple(int(j) for j in torch.unravel_index(differ.nonzero()[0, 0], x.shape)) if x.dim() else ()
+            return f"{int(differ.sum())} of {x.numel()} elements of output {i} differ, first at {list(at)}"
+    return "the outputs differ"
+
+
+def judge_replays(v: Verdict, where: str, candidate: list[torch.Tensor], replays: Replays,
+                  inputs: list[torch.Tensor], replay_inputs: list[torch.Tensor], device: str) -> None:
+    """The replays of the recorded launches (next_order chose them) must give the candidate's outputs,
+    bit for bit, in every order their programs ran in."""
+    wrong = [(order, got) for order, got in replays if not _same_outputs(got, candidate)]
+    if not wrong:
         input_changes(v, where, inputs, replay_inputs, "the kernels")
         return
-    if len(replays) > 1 and len(replays[1]) == len(first) and not all(same_bits(a, b) for a, b in zip(first, replays[1])):
+    grid = [got for order, got in replays if order is None]
+    if grid and _same_outputs(grid[0], candidate):
+        order, got = wrong[0]
+        how = ("repeated beside a concurrent load" if device == "cuda"
+               else f"with its programs run in a shuffled order (seed {order})")
+        v.fail("race", f"{where}: its result depends on the order its programs run: {how}, "
+               f"{_first_difference(candidate, got)} (a program reads another's output, or atomics accumulate "
+               "in arrival order)")
+    elif len(grid) > 1 and not _same_outputs(grid[0], grid[1]):
         v.fail("nondeterministic", f"{where}: two runs of the same launches on the same inputs gave different bits")
     else:
         v.fail("launch-independent", f"{where}: replaying its Triton launches alone does not give the output it "

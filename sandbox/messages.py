@@ -58,7 +58,12 @@ class Call(TypedDict):
 
 
 class Go(TypedDict):
+    """Run the staged record. `order`: absent, the grid's programs in grid order; a seed, in a shuffled
+    order drawn from it on the CPU interpreter (kernels/interpreter_order.py), beside a concurrent load
+    on CUDA (a race shows as different bits)."""
+
     type: Literal["go"]
+    order: NotRequired[int]
 
 
 class CaptureRequest(TypedDict):

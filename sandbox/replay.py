@@ -27,6 +27,7 @@ import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
 from kernelloop.sandbox import poison
+from kernelloop.sandbox.program_order import program_order
 from kernelloop.sandbox.replay_memory import Buffers
 from kernelloop.sandbox.trace import ALLOCATORS, DATA_ATEN, FILLS, LITERAL_DTYPES, MAX_ENTRIES, MAX_PYTHON_VALUES
 from kernelloop.sandbox.wire import WIRE_DTYPES, check_meta
@@ -182,7 +183,13 @@ class Replay:
         if check_addresses:
             bounds.install()
 
-    def run(self, record: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, record: Any, inputs: list[torch.Tensor], order: int | None = None) -> list[torch.Tensor]:
+        """The record's outputs, computed on `inputs`; `order` seeds the programs' order
+        (sandbox/program_order.py), None runs them in grid order."""
+        with program_order(order, self.device):
+            return self._run(record, inputs)
+
+    def _run(self, record: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if not isinstance(record, dict) or not isinstance(record.get("entries"), list):
             raise ReplayError("malformed record")
         if record.get("inputs") != len(inputs) or len(record["entries"]) > MAX_ENTRIES:

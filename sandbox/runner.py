@@ -47,6 +47,7 @@ from kernelloop.sandbox.guards import memory_refused
 from kernelloop.sandbox.messages import Job, Load, Plan, Record
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
+from kernelloop.sandbox.program_order import race_orders, uses_atomics
 from kernelloop.kernels.candidate.source_text import read_source
 from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.candidate.canonical import canonical_problem
@@ -69,6 +70,7 @@ class _Trial:
     record: Record
     limit: int
     comparison: Comparison | None
+    orders: tuple[int | None, ...] = (None,)  # the programs' orders to replay it in (sandbox/program_order.py)
 
 
 class Sandbox(ABTiming):
@@ -213,15 +215,15 @@ class Sandbox(ABTiming):
         return v.failure is None
 
     def _replay_outcome(self, v: Verdict, replayer: Child, trial: _Trial) -> float | None:
-        """Collect the replay started for `trial` (and replay once more if its bits differ: nondeterministic
-        or made outside the launches?), judge it, record the trial's check. Returns the replay's seconds,
-        None after a failure."""
+        """Collect the replay started for `trial` in its first order, replay it in its other orders, and
+        again in grid order if bits differ (judge.next_order), judge the replays, record the trial's
+        check. Returns the first replay's seconds, None after a failure."""
         phase, self._phase = self._phase, trial.phase
-        replays, seconds, after = [], 0.0, []
-        for attempt in range(2):
-            if attempt:
-                replayer.start_replay(trial.record, trial.inputs)
-            got, after, seconds, done = replayer.finish_replay(trial.limit)
+        replays: judging.Replays = []
+        after, seconds, order, pending = [], None, trial.orders[0], list(trial.orders[1:])
+        while True:
+            got, after, took, done = replayer.finish_replay(trial.limit)
+            seconds = took if seconds is None else seconds
             if judging.runtime_failure(v, {"violations": done["violations"], "error": None}, trial.where):
                 break
             if done["error"]:
@@ -229,11 +231,13 @@ class Sandbox(ABTiming):
                 code, text = judging.bounds_code(error, "memory" if memory_refused(error) else "untraceable")
                 v.fail(code, f"{trial.where}: the replay of its launches failed: {text[:300]}")
                 break
-            replays.append(got)
-            if len(got) == len(trial.outputs) and all(judging.same_bits(a, b) for a, b in zip(got, trial.outputs)):
+            replays.append((order, got))
+            order = judging.next_order(trial.outputs, replays, pending)
+            if order == judging.DECIDED:
                 break
+            replayer.start_replay(trial.record, trial.inputs, order)
         if v.failure is None:
-            judging.judge_replay(v, trial.where, trial.outputs, replays, trial.inputs, after)
+            judging.judge_replays(v, trial.where, trial.outputs, replays, trial.inputs, after, self.options.device)
         judging.add_check(v, trial.where, trial.comparison)
         self._phase = phase
         return seconds if v.failure is None else None
@@ -268,6 +272,7 @@ class Sandbox(ABTiming):
             return
         v.stage = "correctness"
         check = CompileCheck(spec, self.compile_for, plan)  # does nothing without --compile-for
+        atomics = uses_atomics(source)
         # Pipelined: trial i is replayed while the runner computes trial i+1 (and the judge its reference).
         trials, pending = plan["trials"], None
         # Autotuned kernels: trial i pins config slot base + i, so the battery goes round every config from
@@ -286,7 +291,8 @@ class Sandbox(ABTiming):
             if pending is None:
                 return
             check.note(trial, pending.record)
-            replayer.start_replay(pending.record, pending.inputs)
+            pending.orders = race_orders(trial["seed"], atomics)
+            replayer.start_replay(pending.record, pending.inputs, pending.orders[0])
             if trial["determinism"] and not self._same_again(v, runner, pending, args):
                 return
         if pending is not None and self._replay_outcome(v, replayer, pending) is None:

@@ -29,6 +29,7 @@ FAILURES = (
     "out-of-bounds",      # a load or store outside the memory it was given (input padding, past an allocation)
     "mismatch",           # wrong values (incl. elements left unwritten, which are poisoned)
     "biased",             # every element within tolerance, but the error's mean or RMS beyond its bound
+    "race",               # the bits depend on the order its programs run (shuffled order, or beside a concurrent load)
     "nondeterministic",   # two calls on the same inputs differ bitwise
     "torch-compute",      # torch computed on the candidate's path (only allocation/view/copy/fill allowed)
     "no-triton",          # no Triton kernel was launched

@@ -241,16 +241,18 @@ def serve_replays(chan: wire.Channel, job: Job) -> None:
     record, inputs, outputs = None, [], []
     while True:
         header, tensors = chan.receive()
-        if parse(header, "stage", "go")["type"] == "stage":
+        header = parse(header, "stage", "go")
+        if header["type"] == "stage":
             record, inputs, outputs = header["record"], [_to_device(t, device) for t in tensors], []
             chan.send(Staged(type="staged"))
         else:  # the outputs travel with "done": the judge's clock stops when they have arrived
             violations = len(guards.VIOLATIONS)
             try:
+                order = header.get("order")
                 if timer is None:
-                    outputs, elapsed = replay.run(record, inputs), None
+                    outputs, elapsed = replay.run(record, inputs, order), None
                 else:
-                    outputs, elapsed = timer.time(lambda: replay.run(record, inputs))
+                    outputs, elapsed = timer.time(lambda: replay.run(record, inputs, order))
                 replay.check_guards()  # outside the timed region: stores past an allocation (no address checks on CUDA)
                 done = Done(type="done", elapsed_s=elapsed, error=None, outputs=len(outputs), violations=[])
             except BaseException as exc:  # noqa: BLE001 (a kernel that raises is the candidate's failure)

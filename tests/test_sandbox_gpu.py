@@ -40,3 +40,24 @@ def test_work_on_a_side_stream_is_not_accepted() -> None:
 def test_torch_fallback_is_caught_on_cuda() -> None:
     v = judge("rmsnorm", TESTS / "sandbox_candidates" / "torch_fallback.py", timing=False)
     assert v.failure in ("torch-compute", "no-triton"), v.reason
+
+
+def test_a_replay_beside_a_concurrent_load_keeps_an_honest_kernels_bits() -> None:
+    import torch
+
+    from kernelloop.kernels.ops import get_op
+    from kernelloop.sandbox.program_order import program_order
+
+    spec = get_op("rmsnorm")
+    args = spec.make_inputs({"tokens": 64, "hidden": 4096}, torch.bfloat16, 0, "cuda")
+    alone = spec.forward(*args)
+    with program_order(5, torch.device("cuda")):
+        loaded = spec.forward(*args)
+    torch.cuda.synchronize()
+    assert torch.equal(alone.view(torch.int16), loaded.view(torch.int16))
+
+
+def test_a_split_reduction_done_right_is_no_race_on_cuda() -> None:
+    v = judge("rmsnorm", TESTS / "sandbox_candidates" / "control_rmsnorm_split_two_pass.py", timing=False,
+              dtypes=("bfloat16",))
+    assert v.correct, v.reason

@@ -8,7 +8,7 @@ import torch
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.roofline import Rates
 from kernelloop.kernels.stats import median_interval
-from kernelloop.sandbox.judge import judge_call, judge_replay, judge_timing
+from kernelloop.sandbox.judge import DECIDED, judge_call, judge_replays, judge_timing, next_order
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan
 from kernelloop.sandbox.verdict import Verdict
@@ -77,21 +77,61 @@ def test_the_replay_must_give_the_same_bits() -> None:
     out = [torch.randn(3, 4)]
     inputs = [torch.randn(2)]
     ok = _verdict()
-    judge_replay(ok, "w", out, [[out[0].clone()]], inputs, [inputs[0].clone()])
+    judge_replays(ok, "w", out, [(None, [out[0].clone()])], inputs, [inputs[0].clone()], "cpu")
     assert ok.failure is None
     other = _verdict()  # two replays agree with each other, not with what the candidate returned
-    judge_replay(other, "w", out, [[out[0] + 1], [out[0] + 1]], inputs, inputs)
+    judge_replays(other, "w", out, [(None, [out[0] + 1]), (None, [out[0] + 1])], inputs, inputs, "cpu")
     assert other.failure == "launch-independent"
     flaky = _verdict()
-    judge_replay(flaky, "w", out, [[out[0] + 1], [out[0] + 2]], inputs, inputs)
+    judge_replays(flaky, "w", out, [(None, [out[0] + 1]), (None, [out[0] + 2])], inputs, inputs, "cpu")
     assert flaky.failure == "nondeterministic"
     nan = torch.full((2,), float("nan"))
     same_nan = _verdict()
-    judge_replay(same_nan, "w", [nan], [[nan.clone()]], inputs, inputs)
+    judge_replays(same_nan, "w", [nan], [(7, [nan.clone()])], inputs, inputs, "cpu")
     assert same_nan.failure is None  # bitwise: NaN equals NaN
     mutated = _verdict()
-    judge_replay(mutated, "w", out, [[out[0].clone()]], inputs, [inputs[0] + 1])
+    judge_replays(mutated, "w", out, [(7, [out[0].clone()])], inputs, [inputs[0] + 1], "cpu")
     assert mutated.failure == "input-mutated"
+
+
+def test_a_shuffled_order_that_differs_where_grid_order_matches_is_a_race() -> None:
+    out = [torch.randn(3, 4)]
+    inputs = [torch.randn(2)]
+    shuffled = out[0].clone()
+    shuffled[1, 2] = torch.nextafter(shuffled[1, 2], torch.tensor(9.0))  # one bit of one element
+    race = _verdict()
+    judge_replays(race, "w", out, [(7, [shuffled]), (None, [out[0].clone()])], inputs, inputs, "cpu")
+    assert race.failure == "race" and "seed 7" in race.reason and "1 of 12 elements" in race.reason
+    assert "first at [1, 2]" in race.reason, race.reason
+    on_gpu = _verdict()
+    judge_replays(on_gpu, "w", out, [(7, [shuffled]), (None, [out[0].clone()])], inputs, inputs, "cuda")
+    assert on_gpu.failure == "race" and "concurrent load" in on_gpu.reason
+    # grid order wrong as well: not a race but what it always was (outside the launches, or flaky)
+    outside = _verdict()
+    judge_replays(outside, "w", out, [(7, [shuffled]), (None, [shuffled]), (None, [shuffled])], inputs, inputs, "cpu")
+    assert outside.failure == "launch-independent"
+    flaky = _verdict()
+    judge_replays(flaky, "w", out, [(7, [shuffled]), (None, [shuffled]), (None, [out[0] + 1])], inputs, inputs, "cpu")
+    assert flaky.failure == "nondeterministic"
+
+
+def test_the_replays_asked_for_follow_the_evidence() -> None:
+    out = [torch.randn(3, 4)]
+    wrong = [out[0] + 1]
+    pending = [8, 9]
+    # every order matches: the pending orders, then done
+    assert next_order(out, [(7, [out[0].clone()])], pending) == 8 and pending == [9]
+    assert next_order(out, [(7, out), (8, out)], pending) == 9 and pending == []
+    assert next_order(out, [(7, out), (8, out), (9, out)], pending) == DECIDED
+    # a shuffled order differs: grid order next; grid order right: decided (a race), pending dropped
+    assert next_order(out, [(7, out), (8, wrong)], [9]) is None
+    assert next_order(out, [(7, wrong), (None, out)], [9]) == DECIDED
+    # grid order wrong too: once more in grid order, then decided
+    assert next_order(out, [(7, wrong), (None, wrong)], []) is None
+    assert next_order(out, [(7, wrong), (None, wrong), (None, wrong)], []) == DECIDED
+    # a timed replay (grid order first)
+    assert next_order(out, [(None, wrong)], []) is None
+    assert next_order(out, [(None, wrong), (None, out)], []) == DECIDED
 
 
 def _timed(base_s: float, cand_s: float, bandwidth: float = 1e9, jitter: float = 0.0, rounds: int = 7,

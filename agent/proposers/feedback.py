@@ -51,6 +51,8 @@ HINTS = {
     "mismatch": "Load, then .to(tl.float32) before arithmetic; mask loads with other=0.0; write every output element.",
     "biased": "Compute in float32 and round once to the output dtype (round to nearest, never truncate); use the "
               "op's exact constants (eps, scale): a systematic error compounds over layers even within tolerance.",
+    "race": "No program may read what another program of the same launch writes, and no float atomics: split "
+            "a reduction into two launches (partials, then a fixed-order sum) or give each output one program.",
     "nondeterministic": "Avoid atomics or any order-dependent accumulation; two calls must give identical bits.",
     "torch-compute": "Only allocation and views may use torch; compute everything in Triton kernels.",
     "no-triton": "forward must launch a Triton kernel.",

@@ -1,6 +1,6 @@
 """The engine being tuned, as the tune loop sees it: one handle, whether the engine runs here or serves elsewhere.
 
-An `EngineHandle` does four things:
+An `EngineHandle` does five things:
 
     profile(workload, progress) -> profile dict   drive the workload through the engine and profile it
                                                   (kernels/profile_contract.py `Profile`)
@@ -11,11 +11,14 @@ An `EngineHandle` does four things:
                                                   the gate's greedy decode of `prompt_ids` (config.max_tokens
                                                   each) with float64 log-probabilities at every position and
                                                   tokens/s, after an untimed warm-up pass unless `warmup` is false
+    generate(prompt_ids, max_tokens, seeds) -> token ids
+                                                  the runaway check's long generations: greedy where
+                                                  seeds[i] is None, sampled from seeds[i] otherwise
     close()                                       release what the handle holds (idempotent)
 
 Two implementations: `LocalEngine` (agent/local_engine.py: an Engine in this process, built on first use; the
 one agent module that imports the engine) and `RemoteEngine` (agent/remote.py: a serving engine over HTTP,
-`POST /kernels/reload` and `POST /gate/measure`). Both take their measurement with engine/gate_measure.py,
+`POST /kernels/reload`, `POST /gate/measure` and `POST /gate/generate`). Both take their measurement with engine/gate_measure.py,
 so the two paths give the same figures. The tune loop (agent/loop/context.py) holds one handle and never
 asks which kind it is.
 """
@@ -29,7 +32,7 @@ from kernelloop.agent.loop.state import GateConfig
 from kernelloop.kernels.progress import Progress
 from kernelloop.profiler.workload import WorkloadRequest
 
-METHODS = ("profile", "reload", "measure", "close")
+METHODS = ("profile", "reload", "measure", "generate", "close")
 
 
 @runtime_checkable
@@ -42,6 +45,9 @@ class EngineHandle(Protocol):
 
     def measure(self, prompt_ids: list[list[int]], config: GateConfig, warmup: bool = True) -> Measurement:
         """The gate's measurement of the engine on these prompts."""
+
+    def generate(self, prompt_ids: list[list[int]], max_tokens: int, seeds: list[int | None]) -> list[list[int]]:
+        """Long generations (engine/gate_measure.py long_params): greedy where a seed is None."""
 
     def close(self) -> None:
         """Release the engine (or the connection); safe to call twice."""

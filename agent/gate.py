@@ -8,6 +8,9 @@ in float64 (Engine.logits_hook), and KL(reference || engine) is averaged over po
 
     greedy tokens after == greedy tokens before        (bitwise-stable decoding)
     KL after <= KL before + kl_margin                  (no silent quality loss)
+    no new runaway in long generations                 (agent/runaway.py: a few prompts, greedy and seeded
+                                                        sampling, `runaway_tokens` long; an n-gram repeated
+                                                        back to back past `runaway_repeats` after, not before)
     tokens/s not slower: the 95% interval of after/before (median over alternated rounds) reaches
     1 - tps_tolerance
 
@@ -28,6 +31,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from kernelloop.agent.loop.state import GateConfig
+from kernelloop.agent.runaway import PromptLoops, new_loops
 from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.stats import median_interval
 
@@ -53,6 +57,7 @@ class GateResult:
     tps_ratio: float | None = None   # median of after/before over the rounds, with its 95% interval
     tps_interval: list[float] | None = None
     speed_rounds: int = 0
+    runaway: list[dict[str, Any]] = field(default_factory=list)  # per long generation: agent/runaway.py PromptLoops
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,10 +108,20 @@ def mean_kl(reference: Measurement, other: Measurement) -> float:
     return total / max(n, 1)
 
 
-def summary(reference: Measurement, measured: Measurement) -> dict[str, Any]:
-    """What the gate keeps of one measurement (plain JSON, so a checkpoint can hold it); its speed is
-    judged from `alternate_speed()`, not from this one figure."""
-    return {"greedy": measured.greedy, "kl": mean_kl(reference, measured)}
+def summary(reference: Measurement, measured: Measurement, long: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the gate keeps of one measurement (plain JSON, so a checkpoint can hold it), with the runaway
+    check's long generations when taken (LoopContext.long_generations); its speed is judged from
+    `alternate_speed()`, not from this one figure."""
+    kept = {"greedy": measured.greedy, "kl": mean_kl(reference, measured)}
+    return kept if long is None else {**kept, "long": long}
+
+
+def runaway_rows(before: dict[str, Any], after: dict[str, Any], config: GateConfig) -> list[PromptLoops]:
+    """The runaway check's rows, when both summaries hold the same long generations; else none."""
+    b, a = before.get("long"), after.get("long")
+    if not b or not a or b["sampling"] != a["sampling"]:
+        return []
+    return new_loops(b["outputs"], a["outputs"], a["sampling"], config.runaway_repeats)
 
 
 def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], config: GateConfig) -> GateResult:
@@ -119,16 +134,23 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
     result = GateResult(True, "", kl_before, kl_after, same, tps_before, tps_after, speed["ratio"], [lo, hi],
                         len(speed["ratios"]))
     rounds = f"{len(speed['ratios'])} alternated round{'s' if len(speed['ratios']) != 1 else ''}"
+    loops = runaway_rows(before, after, config)
+    result.runaway = [row.to_json() for row in loops]
+    runaways = [row for row in loops if row.runaway]
     if not same:
         diff = next(i for i, (a, b) in enumerate(zip(after["greedy"], before["greedy"])) if a != b)
         result.ok, result.reason = False, f"greedy output of prompt {diff} changed ({config.prompts[diff]!r})"
     elif kl_after > kl_before + config.kl_margin:
         result.ok, result.reason = False, (f"KL to the reference grew from {kl_before:.2e} to {kl_after:.2e} nats "
                                            f"(margin {config.kl_margin:.0e})")
+    elif runaways:
+        result.ok, result.reason = False, (f"runaway: {runaways[0].describe()}"
+                                           + (f"; {len(runaways) - 1} more" if len(runaways) > 1 else ""))
     elif hi < 1 - config.tps_tolerance:
         result.ok, result.reason = False, (f"tokens/s dropped: {tps_before:.1f} -> {tps_after:.1f}, after/before "
                                            f"{speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds}")
     else:
-        result.reason = (f"greedy outputs unchanged; KL {kl_before:.2e} -> {kl_after:.2e} nats; tokens/s "
+        no_loops = f"no new loop in {len(loops)} long generations; " if loops else ""
+        result.reason = (f"greedy outputs unchanged; KL {kl_before:.2e} -> {kl_after:.2e} nats; {no_loops}tokens/s "
                          f"{tps_before:.1f} -> {tps_after:.1f} ({speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds})")
     return result

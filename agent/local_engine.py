@@ -56,5 +56,8 @@ class LocalEngine:
         m = gate_measure.measure(self.engine, prompt_ids, config.max_tokens, warmup)
         return Measurement(m.greedy, m.logprobs, m.tokens_per_second)
 
+    def generate(self, prompt_ids: list[list[int]], max_tokens: int, seeds: list[int | None]) -> list[list[int]]:
+        return gate_measure.generate(self.engine, prompt_ids, max_tokens, seeds)
+
     def close(self) -> None:
         self._engine = None

@@ -18,6 +18,7 @@ import torch
 from kernelloop.agent.gate import Measurement
 
 from kernelloop.agent.loop.state import GateConfig
+from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import KernelloopError
 from kernelloop.profiler.http import profile_url
 from kernelloop.profiler.workload import WorkloadRequest
@@ -40,10 +41,18 @@ class RemoteEngine:
     def _post(self, path: str, body: dict | None = None) -> dict[str, Any]:
         try:
             response = httpx.post(f"{self.url}{path}", json=body, timeout=self.timeout_s)
-            response.raise_for_status()
-            return response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.HTTPError as exc:
             raise KernelloopError(f"{self.url}{path} failed: {exc}") from None
+        try:
+            reply = response.json()
+        except ValueError:
+            reply = None
+        if response.is_success and isinstance(reply, dict):
+            return reply
+        error = reply.get("error") if isinstance(reply, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        raise KernelloopError(f"{self.url}{path} failed: HTTP {response.status_code}"
+                              + (f": {safe_text(str(message))[:300]}" if message else " (not a JSON object)"))
 
     def profile(self, workload: list[WorkloadRequest],
                 progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
@@ -58,6 +67,16 @@ class RemoteEngine:
         """The gate's measurement taken by the engine itself (after an untimed warm-up pass if asked)."""
         reply = self._post("/gate/measure", {"prompts": prompt_ids, "max_tokens": config.max_tokens, "warmup": warmup})
         return decode_measurement(reply, self.url)
+
+    def generate(self, prompt_ids: list[list[int]], max_tokens: int, seeds: list[int | None]) -> list[list[int]]:
+        """The runaway check's long generations, by the engine (`POST /gate/generate`)."""
+        outputs = self._post("/gate/generate", {"prompts": prompt_ids, "max_tokens": max_tokens, "seeds": seeds})
+        outputs = outputs.get("outputs")
+        if not (isinstance(outputs, list) and len(outputs) == len(prompt_ids)
+                and all(isinstance(o, list) and all(isinstance(t, int) for t in o) for o in outputs)):
+            raise KernelloopError(f"{self.url}/gate/generate did not send one list of token ids per prompt: update "
+                                  "that engine to this version of kernelloop")
+        return outputs
 
     def close(self) -> None:
         """Nothing is held between requests."""

@@ -128,15 +128,15 @@ BASELINES=(--dtypes bfloat16 --max-shapes-per-op 4 --time-budget-s 40)
 ((REHEARSE)) && BASELINES=()
 step baselines 60 "every baseline kernel runs and matches its reference; linear vs cuBLAS and extend_attention vs SDPA at Llama-3-8B shapes; % of roofline (bytes or FLOPs)" \
     "$PYTHON" -m bench.baselines "${R[@]}" "${BASELINES[@]}" --strict --out-dir "$OUT_DIR"
-SANDBOX_S=70
-((REHEARSE)) && SANDBOX_S=120  # the interpreter judges the exploits' batteries (~1 min on 2 cores)
+SANDBOX_S=80
+((REHEARSE)) && SANDBOX_S=140  # the interpreter judges the exploits' batteries (~1 min on 2 cores)
 step sandbox-gpu "$SANDBOX_S" "the confined sandbox judges honest variants correct and times them; no exploit accepted" \
     "$PYTHON" -m bench.sandbox_gpu "${R[@]}" --out-dir "$OUT_DIR"
 step engine-decode 70 "the engine serves an 8B-shaped model on Triton kernels (no fallback); tokens/s vs bound" \
     "$PYTHON" -m bench.engine_gpu "${R[@]}" --out-dir "$OUT_DIR"
 step profile-gpu 60 "the profiler's op table from device times; ncu where it works" \
     "$PYTHON" -m bench.profile_gpu "${R[@]}" --out-dir "$OUT_DIR"
-TUNE_S=90  # the interpreter needs longer for two candidates of the tiny model
+TUNE_S=100  # the gate's runaway check adds ~10 s on a GPU; the interpreter needs longer for two candidates of the tiny model
 ((REHEARSE)) && TUNE_S=150
 step tune-gpu "$TUNE_S" "the whole loop: profile, search, sandbox, commit, reload, gate; a correct candidate at least" \
     "$PYTHON" -m bench.tune_gpu "${R[@]}" --out-dir "$OUT_DIR"

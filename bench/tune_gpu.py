@@ -58,7 +58,8 @@ class Plan:
 PLANS = {
     # ~90 s in all on an H200: engine build and compiles, a profile of 8 requests, 3 candidates judged
     # (the sandbox's 15 timing rounds), and with a winner the gate: 4 prompts x 6 tokens measured before,
-    # after, and 3 rounds alternating the registry commits before and after.
+    # after, and 3 rounds alternating the registry commits before and after; the runaway check's 3 prompts x
+    # (greedy, seeded) x 256 tokens before and after (~2 x 256 decode steps at batch 6).
     "cuda": Plan(LLAMA3_8B, "Llama-3-8B shape", ops="rmsnorm", candidates=3, profile_requests=8,
                  sandbox_timeout_s=60, gate=GateConfig(prompts=GATE_PROMPTS, max_tokens=6)),
     # The interpreter: the profile's hottest rmsnorm shape is a prefill of hundreds of rows, about a
@@ -67,7 +68,7 @@ PLANS = {
     # reload run too.
     "cpu": Plan(TINY_LLAMA, "tiny Llama (bench.rehearse)", ops="rmsnorm", candidates=2, profile_requests=1,
                 sandbox_timeout_s=240, sandbox_rounds=3,
-                gate=GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3)),
+                gate=GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=16)),
 }
 
 

@@ -1,4 +1,4 @@
-"""`POST /gate/measure`: the quality gate's measurement, taken inside a serving engine.
+"""`POST /gate/measure` and `POST /gate/generate`: the quality gate's measurements, taken inside a serving engine.
 
 Body: {"prompts": [[token ids], ...], "max_tokens": N, "warmup": true}. The prompts are decoded greedily (EOS
 ignored) alongside live traffic; the full next-token log-distribution at every generated position is
@@ -7,6 +7,10 @@ measures an engine in-process. Reply: {"greedy": [[ids]], "tokens_per_second": x
 "logprobs": [base64 of float64 [positions, V] per prompt]}. One measurement at a time, after an untimed
 warm-up pass unless "warmup" is false (the gate warms each registry commit once, on its first visit). A body of
 another shape, or a prompt the engine refuses (ids out of range, longer than it serves), gets 400.
+
+`POST /gate/generate`, body {"prompts": [[ids]], "max_tokens": N (up to 1024), "seeds": [null | int per
+prompt]}: the runaway check's long generations (greedy for null, sampled from the seed otherwise; EOS ends
+them), reply {"outputs": [[ids]]}. Both take the same lock: one gate measurement at a time.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import time
 from typing import Any, Callable
 
 from kernelloop.engine.engine import InvalidRequest
-from kernelloop.engine.gate_measure import WARMUP, LogprobCapture, decode_params, to_wire
+from kernelloop.engine.gate_measure import WARMUP, LogprobCapture, decode_params, long_params, to_wire
 from kernelloop.engine.loop import EngineLoop
 from kernelloop.engine.openai_api import APIError
 from kernelloop.engine.sampling import SamplingParams
 
 MAX_PROMPTS = 16
 MAX_TOKENS = 64
+MAX_LONG_TOKENS = 1024  # /gate/generate: the runaway check's long generations
 
 
 def _is_int(value: Any) -> bool:
@@ -45,19 +50,30 @@ def check_body(body: Any) -> tuple[list[list[int]], int, bool]:
     return prompts, max_tokens, warmup
 
 
-async def submit_all(loop: EngineLoop, prompts: list[list[int]], params: SamplingParams,
+async def submit_all(loop: EngineLoop, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                      prepare: Callable[[str], None] | None = None) -> list[tuple[str, asyncio.Queue]]:
-    """Every prompt submitted, or none: a prompt the engine refuses (ids out of range, too long)
-    aborts those already in and is answered with 400."""
+    """Every prompt submitted (with its own params when given a list), or none: a prompt the engine
+    refuses (ids out of range, too long) aborts those already in and is answered with 400."""
     submitted: list[tuple[str, asyncio.Queue]] = []
-    for i, prompt in enumerate(prompts):
+    each = params if isinstance(params, list) else [params] * len(prompts)
+    for i, (prompt, p) in enumerate(zip(prompts, each)):
         try:
-            submitted.append(await loop.submit(prompt, params, prepare=prepare, stream=False))
+            submitted.append(await loop.submit(prompt, p, prepare=prepare, stream=False))
         except InvalidRequest as exc:
             for rid, _ in submitted:
                 loop.abort(rid)
             raise APIError(400, f"prompts.{i}: {exc}", param=f"prompts.{i}") from None
     return submitted
+
+
+async def token_ids(queue: asyncio.Queue) -> list[int]:
+    """A submitted request's generated token ids, once it has finished."""
+    ids: list[int] = []
+    while True:
+        out = await queue.get()
+        ids += out.token_ids
+        if out.finished:
+            return ids
 
 
 async def measure(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, Any]:
@@ -80,16 +96,33 @@ async def measure(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, 
         try:
             start = time.perf_counter()
             submitted = await submit_all(loop, prompts, decode_params(max_tokens), prepare=capture.watch)
-            greedy = []
-            for rid, queue in submitted:
-                ids: list[int] = []
-                while True:
-                    out = await queue.get()
-                    ids += out.token_ids
-                    if out.finished:
-                        break
-                greedy.append(ids)
+            greedy = [await token_ids(queue) for _, queue in submitted]
             seconds = time.perf_counter() - start
         finally:
             await loop.call(remove)
     return to_wire(capture.measurement([rid for rid, _ in submitted], greedy, seconds))
+
+
+def check_generate_body(body: Any) -> tuple[list[list[int]], int, list[int | None]]:
+    """(prompts, max_tokens, seeds) of a `POST /gate/generate` body; APIError(400) naming what is wrong."""
+    if not isinstance(body, dict):
+        raise APIError(400, 'the body must be a JSON object like {"prompts": [[token ids], ...], "max_tokens": N, '
+                       '"seeds": [null or an integer per prompt]}')
+    prompts, max_tokens, seeds = body.get("prompts"), body.get("max_tokens"), body.get("seeds")
+    if (not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_PROMPTS
+            or not all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompts)):
+        raise APIError(400, f"prompts: 1 to {MAX_PROMPTS} non-empty lists of token ids", param="prompts")
+    if not _is_int(max_tokens) or not 0 < max_tokens <= MAX_LONG_TOKENS:
+        raise APIError(400, f"max_tokens: an integer from 1 to {MAX_LONG_TOKENS}", param="max_tokens")
+    if not isinstance(seeds, list) or len(seeds) != len(prompts) or not all(s is None or _is_int(s) for s in seeds):
+        raise APIError(400, "seeds: one per prompt, null (greedy) or an integer (sampled)", param="seeds")
+    return prompts, max_tokens, seeds
+
+
+async def generate(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, Any]:
+    """`POST /gate/generate`: the gate's long generations (engine/gate_measure.py long_params), alongside live
+    traffic. Reply: {"outputs": [[token ids], ...]} in prompt order."""
+    prompts, max_tokens, seeds = check_generate_body(body)
+    async with lock:
+        submitted = await submit_all(loop, prompts, [long_params(max_tokens, seed) for seed in seeds])
+        return {"outputs": [await token_ids(queue) for _, queue in submitted]}

@@ -38,6 +38,17 @@ def decode_params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
+RUNAWAY_TEMPERATURE = 0.8  # the sampled side of the gate's long generations (each with its own seed)
+
+
+def long_params(max_tokens: int, seed: int | None) -> SamplingParams:
+    """One long generation of the runaway check (agent/runaway.py): greedy when `seed` is None, else
+    sampled at RUNAWAY_TEMPERATURE from the request's own generator; EOS ends it, as it would a user's."""
+    if seed is None:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return SamplingParams(max_tokens=max_tokens, temperature=RUNAWAY_TEMPERATURE, seed=seed)
+
+
 # Untimed first: a kernel's first call pays one-time costs (Triton's JIT, or the interpreter's rewrite of
 # the kernel) that a freshly reloaded variant would otherwise carry into tokens/s.
 WARMUP = decode_params(2)
@@ -79,6 +90,12 @@ def measure(engine: Engine, prompts: list[list[int]], max_tokens: int, warmup: b
     finally:
         engine.logits_hook = None
     return capture.measurement([r.rid for r in reqs], [list(r.output_ids) for r in reqs], seconds)
+
+
+def generate(engine: Engine, prompts: list[list[int]], max_tokens: int, seeds: list[int | None]) -> list[list[int]]:
+    """The long generations of `prompts` (`seeds[i]`: long_params) on an engine in this process."""
+    reqs = engine.generate(prompts, [long_params(max_tokens, seed) for seed in seeds])
+    return [list(r.output_ids) for r in reqs]
 
 
 def to_wire(measured: GateMeasurement) -> dict[str, Any]:

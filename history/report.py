@@ -192,10 +192,19 @@ def _gates_table(events: list[dict[str, Any]]) -> str:
                      _result(d.get("ok", g.get("ok"))), "" if greedy is None else "yes" if greedy else "no",
                      f"{_num(d.get('kl_before'), '{:.3g}')} → {_num(d.get('kl_after'), '{:.3g}')}",
                      f"{_num(d.get('tps_before'), '{:.3g}')} → {_num(d.get('tps_after'), '{:.3g}')}", _e(ratio),
-                     _e(d.get("speed_rounds")), _e(d.get("reason"))))
+                     _e(_loops(d.get("runaway"))), _e(d.get("speed_rounds")), _e(d.get("reason"))))
     return _table(("time (UTC)", "op", "entry", "device", "result", "greedy same", "KL before → after",
-                   "tokens/s before → after", "tokens/s ratio [95% interval]", "rounds", "reason"),
-                  rows, numeric=(6, 7, 8, 9), raw=tuple(range(11)))
+                   "tokens/s before → after", "tokens/s ratio [95% interval]", "runaway (longest loop before → after)",
+                   "rounds", "reason"), rows, numeric=(6, 7, 8, 10), raw=tuple(range(12)))
+
+
+def _loops(rows: list[dict[str, Any]] | None) -> str:
+    """The gate's runaway check in one cell: new loops, and the most repeats before and after."""
+    if not rows:
+        return "-"
+    new = sum(1 for r in rows if r.get("runaway"))
+    most = [max(r[side]["repeats"] for r in rows) for side in ("before", "after")]
+    return f"{f'{new} new loop' + ('s' if new > 1 else '') if new else 'none'} ({most[0]} → {most[1]} repeats, {len(rows)} generations)"
 
 
 def _runs_table(runs: list[dict[str, Any]]) -> str:

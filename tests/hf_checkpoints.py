@@ -20,7 +20,10 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def make_checkpoint(path: Path, variant: str = "gqa", seed: int = 0, shard: bool = False) -> Path:
+def make_checkpoint(path: Path, variant: str = "gqa", seed: int = 0, shard: bool = False,
+                    embed_std: float = 1.0) -> Path:
+    """A tiny random Llama in HF format at `path`. `embed_std` scales the (tied) embeddings: small values
+    give small logits, so sampled text spreads over the vocabulary instead of looping."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     kwargs = dict(vocab_size=211, hidden_size=48, intermediate_size=112, num_hidden_layers=2,
@@ -35,7 +38,7 @@ def make_checkpoint(path: Path, variant: str = "gqa", seed: int = 0, shard: bool
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name or name == "lm_head.weight":
-                p.copy_(torch.randn(p.shape, generator=g))
+                p.copy_(torch.randn(p.shape, generator=g) * embed_std)
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * (1.5 / p.shape[1] ** 0.5))
     model.save_pretrained(path, max_shard_size="40KB" if shard else "2GB")

@@ -53,7 +53,9 @@ def model_dir(tmp_path_factory) -> Path:
 
 # The default tolerance: the gate alternates before/after and fails only on an interval that says
 # slower, so these tests hold on a busy machine (CI runs them once more under a CPU hog).
-SMALL_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3)
+SMALL_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=0)
+# The runaway check's whole path once (the first test): one prompt, greedy and seeded, a few tokens.
+RUNAWAY_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=6, runaway_prompts=1)
 
 
 def tune(tmp_path: Path, model_dir: Path, proposers: dict, gate: GateConfig | None = None,
@@ -70,7 +72,7 @@ def tune(tmp_path: Path, model_dir: Path, proposers: dict, gate: GateConfig | No
 
 def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: Path) -> None:
     scripted = Scripted([CANDIDATES / "unwritten_tail.py"], [FAST])
-    state, history, registry = tune(tmp_path, model_dir, {"scripted": scripted})
+    state, history, registry = tune(tmp_path, model_dir, {"scripted": scripted}, gate=RUNAWAY_GATE)
     assert state["status"] == "winner", state["reason"]
     # round 2 was proposed with round 1's verdict as feedback
     assert [v["failure"] for _, v in scripted.seen_feedback[1]] == ["mismatch"]
@@ -80,6 +82,8 @@ def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: 
     assert registry.source(entries[0]) == FAST.read_text()
     kinds = [e["kind"] for e in history.registry_events(op="rmsnorm")]
     assert sorted(kinds) == ["add", "gate", "reload"]
+    gate = next(e["detail"] for e in history.registry_events(op="rmsnorm") if e["kind"] == "gate")
+    assert [r["label"] for r in gate["runaway"]] == ["prompt 0, greedy", "prompt 0, seed 1234"]  # the long generations
     attempts = history.attempts(op="rmsnorm")
     assert sorted(a["failure"] or "accepted" for a in attempts) == ["accepted", "mismatch"]
     run = history.runs(limit=1)[0]
@@ -93,7 +97,7 @@ def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: 
 
 
 def test_a_failed_gate_rolls_the_commit_back(tmp_path: Path, model_dir: Path) -> None:
-    impossible = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, tps_tolerance=-100.0)  # 101x or bust
+    impossible = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, tps_tolerance=-100.0, runaway_tokens=0)  # 101x or bust
     state, history, registry = tune(tmp_path, model_dir, {"scripted": Scripted([FAST])}, gate=impossible)
     assert state["status"] == "gate-failed" and "tokens/s" in state["reason"]
     assert registry.entries() == []  # rolled back by a revert commit
@@ -113,7 +117,8 @@ def test_the_llm_proposer_gets_each_rounds_feedback(tmp_path: Path, model_dir: P
         finally:
             llm.close()
         requests = list(fake.requests)
-    assert state["status"] == "winner", state["reason"]
+    verdicts = [(a["failure"], a["reason"], a["speedup_lo"]) for a in history.attempts(op="rmsnorm")]
+    assert state["status"] == "winner", (state["reason"], verdicts)
     assert len(requests) == 2
     second = requests[1]["messages"]
     assert "import os" in second[-2]["content"]  # round 1's code went back as the assistant's turn
@@ -220,7 +225,8 @@ def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> No
 
     result = subprocess.run(
         [sys.executable, "-m", "kernelloop.agent.cli", "tune", "rmsnorm", "--model", str(model_dir), "--rounds", "1",
-         "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json"],
+         "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json",
+         "--gate-runaway-tokens", "0"],
         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads(result.stdout)
@@ -246,7 +252,7 @@ def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
         assert bad.status_code == 400 and "prompts" in bad.text
         result = subprocess.run(
             [sys.executable, "-m", "kernelloop.agent.cli", "tune", "rmsnorm", "--engine", base, "--rounds", "1",
-             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json"],
+             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json", "--gate-runaway-tokens", "0"],
             cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         state = json.loads(result.stdout)

@@ -12,6 +12,7 @@ Costs: about 10 s in all (no candidate reaches a sandboxed process; the engine i
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,9 @@ class FakeEngine:
     def measure(self, prompt_ids, config, warmup=True):  # noqa: ANN001, ANN201
         raise AssertionError("no candidate here can win, so the gate never measures")
 
+    def generate(self, prompt_ids, max_tokens, seeds):  # noqa: ANN001, ANN201
+        raise AssertionError("no candidate here can win, so the gate never generates")
+
     def close(self) -> None:
         pass
 
@@ -167,6 +171,8 @@ def test_tune_records_a_verdict_for_each_odd_candidate_and_resumes_past_a_kill(t
         state = run_tune(SETTINGS, ctx, resume=run_id)
         ctx.close()
         assert state["status"] == "no-winner", state.get("reason")
+        # the reason counts the refusals by code and quotes the last one (a CI log shows why)
+        assert re.match(r"no candidate was accepted by the sandbox \(\d+ static.*; last: ", state["reason"]), state["reason"]
         attempts = history.attempts(op="rmsnorm", limit=50)
         assert sorted(a["label"] for a in attempts) == sorted(ODD_SOURCES)  # one record each, none twice
         assert all(a["failure"] for a in attempts)

@@ -54,8 +54,18 @@ def test_local_and_remote_handles_give_the_same_measurement(tmp_path: Path, mode
         for handle in (local, remote):
             assert isinstance(handle, EngineHandle) and check_handle(handle) is handle
         remote_one, remote_two = remote.measure(one, GATE), remote.measure(two, GATE)
+        # the runaway check's long generations: greedy and seeded sampling, one request each, so batches
+        # cannot differ between the two paths (the seeded one samples from its own generator)
+        remote_long = [remote.generate(one, 20, [seed]) for seed in (None, 7)]
+        with pytest.raises(KernelloopError, match="max_tokens: an integer from 1 to 1024"):
+            remote.generate(one, 5000, [None])
+        with pytest.raises(KernelloopError, match="seeds: one per prompt"):
+            remote.generate(two, 4, [None])
         assert remote.reload() == {}  # nothing committed: nothing changes
     local_one, local_two = local.measure(one, GATE), local.measure(two, GATE)
+    local_long = [local.generate(one, 20, [seed]) for seed in (None, 7)]
+    assert local_long == remote_long and all(len(g[0]) <= 20 for g in local_long)
+    assert local.generate(one, 20, [7]) == local_long[1] and local_long[0] != local_long[1]  # the seed decides
     local.close()
     for here, there in ((local_one, remote_one), (local_two, remote_two)):
         assert there.greedy == here.greedy and [len(g) for g in here.greedy] == [GATE.max_tokens] * len(here.greedy)
@@ -72,7 +82,7 @@ def test_local_and_remote_handles_give_the_same_measurement(tmp_path: Path, mode
 
 
 class FakeHandle:
-    """Any object with the protocol's four methods: records what the loop asks of it."""
+    """Any object with the protocol's five methods: records what the loop asks of it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
@@ -91,6 +101,10 @@ class FakeHandle:
     def measure(self, prompt_ids, config, warmup=True):  # noqa: ANN001
         self.calls.append(("measure", len(prompt_ids), config.max_tokens, warmup))
         return Measurement(self.answer.greedy, self.answer.logprobs, 100.0 if warmup else 90.0)
+
+    def generate(self, prompt_ids, max_tokens, seeds):  # noqa: ANN001
+        self.calls.append(("generate", len(prompt_ids), max_tokens, tuple(seeds)))
+        return [[1, 2, 3] for _ in prompt_ids]
 
     def close(self) -> None:
         self.closed += 1
@@ -111,6 +125,10 @@ def test_the_loop_context_works_with_any_engine_handle(tmp_path: Path, model_dir
         fake.answer = reference
         assert summary(ctx.measure_reference(), ctx.measure_engine()) == {"greedy": reference.greedy, "kl": 0.0}
         assert fake.calls[-1] == ("measure", len(GATE.prompts), GATE.max_tokens, True)
+        long = ctx.long_generations()  # the gate's first two prompts, greedy and seeded, runaway_tokens long
+        assert fake.calls[-1] == ("generate", 4, GATE.runaway_tokens, (None, 1234, None, 1234))
+        assert long == {"sampling": ["prompt 0, greedy", "prompt 0, seed 1234", "prompt 1, greedy", "prompt 1, seed 1234"],
+                        "outputs": [[1, 2, 3]] * 4}
         speed = alternate_speed(ctx.tokens_per_second_at, "c^", "c", rounds=2)
         assert speed["ratios"] == [1.0, 1.0]
         assert [c[1] for c in fake.calls if c[0] == "reload"] == ["c^", "c", "c", "c^"]  # alternated
@@ -125,7 +143,7 @@ def test_an_object_without_the_protocol_is_refused(tmp_path: Path) -> None:
             return {}
 
     with History(tmp_path / "h.db") as history:
-        with pytest.raises(TypeError, match="lacks reload, measure, close"):
+        with pytest.raises(TypeError, match="lacks reload, measure, generate, close"):
             LoopContext(history=history, registry=Registry(tmp_path / "reg"), proposers={}, engine=Partial())
 
 

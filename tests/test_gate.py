@@ -75,3 +75,37 @@ def test_greedy_and_kl_are_judged_before_speed() -> None:
     assert not changed.ok and "greedy output of prompt 0 changed" in changed.reason
     worse = judge(SUMMARY, {**SUMMARY, "kl": 1e-3}, fast, GateConfig())
     assert not worse.ok and "KL to the reference grew" in worse.reason
+
+
+def _long(*outputs: list[int]) -> dict:
+    return {"sampling": [f"prompt {i}, greedy" for i in range(len(outputs))], "outputs": list(outputs)}
+
+
+_RNG = random.Random(9)
+TEXT = [_RNG.randrange(1000) for _ in range(256)]
+LOOPING = TEXT[:40] + [11, 12, 13] * 72  # a phrase, back to back, to the end
+
+
+def test_a_new_loop_in_a_long_generation_fails_the_gate_with_where_it_starts() -> None:
+    fast = {"before": [1.0], "after": [2.0], "ratios": [2.0], "ratio": 2.0, "interval": [2.0, 2.0]}
+    before, after = {**SUMMARY, "long": _long(TEXT, TEXT)}, {**SUMMARY, "long": _long(TEXT, LOOPING)}
+    result = judge(before, after, fast, GateConfig())
+    assert not result.ok
+    assert result.reason.startswith("runaway: prompt 1, greedy: tokens [11, 12, 13] repeated 72 times from position 40")
+    assert [r["runaway"] for r in result.runaway] == [False, True]
+    # the same loop before (the model's own habit, not the change's): no failure, rows still recorded
+    same = judge({**SUMMARY, "long": _long(TEXT, LOOPING)}, after, fast, GateConfig())
+    assert same.ok and "no new loop in 2 long generations" in same.reason and len(same.runaway) == 2
+    # a threshold above the loop's repeats: not a runaway
+    assert judge(before, after, fast, GateConfig(runaway_repeats=100)).ok
+    # greedy identity is judged first, speed after the runaway check
+    slow = {"before": [2.0], "after": [1.0], "ratios": [0.5], "ratio": 0.5, "interval": [0.5, 0.5]}
+    assert judge(before, after, slow, GateConfig()).reason.startswith("runaway")
+    changed = judge(before, {**after, "greedy": [[1, 2, 4]]}, fast, GateConfig())
+    assert "greedy output of prompt 0 changed" in changed.reason
+
+
+def test_summaries_without_long_generations_skip_the_check() -> None:
+    fast = {"before": [1.0], "after": [2.0], "ratios": [2.0], "ratio": 2.0, "interval": [2.0, 2.0]}
+    result = judge(SUMMARY, {**SUMMARY, "long": _long(LOOPING)}, fast, GateConfig())  # a checkpoint from before
+    assert result.ok and result.runaway == []

@@ -52,7 +52,9 @@ def fill(path) -> None:
 
 GATE = {"ok": True, "reason": "greedy same, KL 1e-06 <= 0.01, tokens/s x1.04", "kl_before": 2e-7, "kl_after": 1e-6,
         "greedy_same": True, "tps_before": 0.13, "tps_after": 0.135, "tps_ratio": 1.04, "tps_interval": [0.99, 1.09],
-        "speed_rounds": 3}
+        "speed_rounds": 3,
+        "runaway": [{"label": f"prompt {i}, greedy", "runaway": False, "before": {"repeats": 3}, "after": {"repeats": 2 + i}}
+                    for i in range(3)]}
 
 
 def fill_registry(h: History) -> None:
@@ -69,7 +71,8 @@ def fill_registry(h: History) -> None:
     h.record_registry_event("add", "decode_attention", entry_id="dattn-1", commit_sha="beef" * 5, speedup=2.0,
                             ok=True, **slot)
     failed = {**GATE, "ok": False, "reason": "KL 0.5 > 0.01", "kl_after": 0.5, "greedy_same": False,
-              "tps_interval": None}
+              "tps_interval": None, "runaway": [{"label": "prompt 0, seed 1", "runaway": True,
+                                                 "before": {"repeats": 4}, "after": {"repeats": 40}}]}
     h.record_registry_event("gate", "decode_attention", entry_id="dattn-1", ok=False, run_id=run, detail=failed)
     h.record_registry_event("rollback", "decode_attention", entry_id="dattn-1", ok=True, run_id=run,
                             detail={"why": "KL 0.5 > 0.01"})

@@ -18,6 +18,8 @@ from kernelloop.kernels.errors import KernelloopError
 from kernelloop.sandbox.budget import DEFAULT_TIMEOUT_S
 from kernelloop.sandbox.options import CheckOptions
 
+CPU_RUNAWAY_TOKENS = 32  # the runaway check's default on the CPU interpreter (GPU: GateConfig's 256)
+
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=None, metavar="URL",
@@ -43,6 +45,10 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gate-tps-tolerance", type=float, default=GateConfig.tps_tolerance, metavar="F",
                    help="end-to-end gate: roll back only when the whole interval of tokens/s after/before is below "
                         f"1 - F (default {GateConfig.tps_tolerance})")
+    p.add_argument("--gate-runaway-tokens", type=int, default=None, metavar="N",
+                   help="end-to-end gate: tokens per long generation in the runaway check (greedy and seeded "
+                        f"sampling, before and after; 0 turns it off; default {GateConfig.runaway_tokens} on cuda, "
+                        f"{CPU_RUNAWAY_TOKENS} on cpu, where each interpreted decode step takes about a second)")
     add_registry_argument(p)
     add_history_argument(p)
 
@@ -100,8 +106,13 @@ def tune_settings(args: argparse.Namespace, device: str) -> TuneSettings:
                         min_gain=args.min_gain, sandbox_timeout_s=args.timeout)
 
 
-def gate_config(args: argparse.Namespace) -> GateConfig:
-    return GateConfig(tps_tolerance=args.gate_tps_tolerance)
+def gate_config(args: argparse.Namespace, device: str) -> GateConfig:
+    tokens = args.gate_runaway_tokens
+    if tokens is None:
+        tokens = GateConfig.runaway_tokens if device == "cuda" else CPU_RUNAWAY_TOKENS
+    if not 0 <= tokens <= 1024:
+        raise KernelloopError("--gate-runaway-tokens must be 0 (off) or a number of tokens up to 1024")
+    return GateConfig(tps_tolerance=args.gate_tps_tolerance, runaway_tokens=tokens)
 
 
 def build_proposers(args: argparse.Namespace) -> dict[str, Proposer]:

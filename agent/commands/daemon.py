@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         with History(args.history) as history, ProgressView(log.info) as progress:  # bars on a terminal
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
                               device=device, model=model, engine=remote,
-                              gate=gate_config(args), progress=progress)
+                              gate=gate_config(args, device), progress=progress)
             daemon = Daemon(ctx, settings, interval_s=args.interval, max_runs=args.max_runs,
                             max_seconds=args.max_hours * 3600 if args.max_hours else None, metrics=metrics)
             daemon.install_signal_handlers()

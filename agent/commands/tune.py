@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         with History(args.history) as history, ProgressView() as progress:  # bars on a terminal, else lines
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
                               device=device, model=model, engine=remote,
-                              gate=gate_config(args), progress=progress)
+                              gate=gate_config(args, device), progress=progress)
             try:
                 previous = unfinished_run(ctx, args.op)
                 if previous is not None and args.restart:

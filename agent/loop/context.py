@@ -78,6 +78,19 @@ class LoopContext:
             self._prompt_ids = prompt_ids(self.reference, self.gate.prompts)
         return self._prompt_ids
 
+    def long_generations(self) -> dict[str, Any] | None:
+        """The runaway check's generations by the engine being tuned: {"sampling": labels, "outputs": ids}
+        per (prompt, sampling) pair; None when the check is off."""
+        g = self.gate
+        if g.runaway_tokens <= 0 or not g.runaway_sampling:
+            return None
+        pairs = [(i, seed) for i in range(min(g.runaway_prompts, len(self.prompt_ids()))) for seed in g.runaway_sampling]
+        self.progress(f"end-to-end gate: runaway check, {len(pairs)} generations of up to {g.runaway_tokens} tokens")
+        outputs = self.engine.generate([self.prompt_ids()[i] for i, _ in pairs], g.runaway_tokens,
+                                       [seed for _, seed in pairs])
+        labels = [f"prompt {i}, " + ("greedy" if seed is None else f"seed {seed}") for i, seed in pairs]
+        return {"sampling": labels, "outputs": outputs}
+
     def measure_engine(self, warmup: bool = True) -> Measurement:
         return self.engine.measure(self.prompt_ids(), self.gate, warmup)
 

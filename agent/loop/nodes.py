@@ -15,6 +15,7 @@ them go back to their proposer as feedback. A run whose proposers never produced
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -52,6 +53,16 @@ def _trim(verdict: dict[str, Any]) -> dict[str, Any]:
 
 def _judged_in_sandbox(entry: dict[str, Any]) -> bool:
     return entry["verdict"].get("stage") != PROPOSAL_STAGE
+
+
+def _refusals(judged: list[dict[str, Any]]) -> str:
+    """Why no candidate won: the refusals by failure code, and the last one's reason."""
+    refused = [j["verdict"] for j in judged if _judged_in_sandbox(j)]
+    if not refused:
+        return "no candidate was accepted by the sandbox"
+    codes = Counter(v.get("failure") or "refused" for v in refused)
+    counts = ", ".join(f"{n} {code}" for code, n in codes.most_common())
+    return f"no candidate was accepted by the sandbox ({counts}; last: {refused[-1].get('reason', '')[:200]})"
 
 
 def _storable(p: Proposal) -> Proposal:
@@ -204,7 +215,8 @@ class Nodes:
         winner = max(accepted, key=lambda j: (j["verdict"]["speedup_interval"] or [0])[0])
         ctx = self.ctx
         ctx.progress(f"winner: {winner['label']} ({winner['verdict']['reason']}); measuring the engine before")
-        return {"winner": winner, "gate_before": summary(ctx.measure_reference(), ctx.measure_engine())}
+        return {"winner": winner,
+                "gate_before": summary(ctx.measure_reference(), ctx.measure_engine(), ctx.long_generations())}
 
     def commit(self, state: TuneState) -> dict[str, Any]:
         ctx, w = self.ctx, state["winner"]
@@ -246,7 +258,7 @@ class Nodes:
             stored = events["gate"]["detail"]
             result = GateResult(**{k: stored[k] for k in GateResult.__dataclass_fields__ if k in stored})
         else:
-            after = summary(ctx.measure_reference(), ctx.measure_engine())
+            after = summary(ctx.measure_reference(), ctx.measure_engine(), ctx.long_generations())
             rounds = ctx.gate.speed_rounds
             ctx.progress(f"end-to-end gate: tokens/s before and after, {rounds} alternated rounds")
             # The registry without the winner is its commit's parent; the two are served alternately.
@@ -271,8 +283,8 @@ class Nodes:
         status = state.get("status") or "no-winner"
         if status == "running":
             status = "no-winner"
-        reason = state.get("reason") or "no candidate was accepted by the sandbox"
         judged, errors = state.get("judged", []), state.get("errors") or {}
+        reason = state.get("reason") or _refusals(judged)
         empty = [name for name in self.ctx.proposers if not any(
             j["proposer"] == name and _judged_in_sandbox(j) for j in judged)]
         causes = [no_candidate_reason(name, state.get("round", 0), judged, errors.get(name))

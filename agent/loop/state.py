@@ -27,6 +27,12 @@ class GateConfig:
     kl_margin: float = 1e-4      # nats per position
     tps_tolerance: float = 0.10  # a drop counts only when the whole after/before interval is below 1 - this
     speed_rounds: int = 3        # alternated before/after tokens/s measurements (one ratio per round)
+    # Runaway check (agent/runaway.py): the first `runaway_prompts` prompts generated `runaway_tokens` long,
+    # once per entry of `runaway_sampling` (None: greedy; an int: sampled from that seed), before and after.
+    runaway_tokens: int = 256    # 0 turns the check off
+    runaway_prompts: int = 3
+    runaway_sampling: tuple[int | None, ...] = (None, 1234)
+    runaway_repeats: int = 12    # back-to-back repeats of an n-gram that count as a loop
 
 
 @dataclass(frozen=True)

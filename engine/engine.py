@@ -203,10 +203,13 @@ class Engine:
 
     def reload_kernels(self, revision: str | None = None) -> dict:
         """Re-read the kernel registry (its HEAD, or commit `revision`) between steps; returns the
-        variants that changed."""
+        variants that changed. A change invalidates the prefix cache: a prompt served after it (the
+        gate's after-measurement, or anything after a rollback) is computed by the kernels now served."""
         changed = self.kernels.reload(revision)
-        if changed and self.graphs is not None:
-            self.graphs = self._capture_graphs()  # graphs hold the kernels they were captured with
+        if changed:
+            self.cache.invalidate()  # cached KV was computed by the kernels replaced: never reuse it
+            if self.graphs is not None:
+                self.graphs = self._capture_graphs()  # graphs hold the kernels they were captured with
         return changed
 
     def kv_usage(self) -> float:

@@ -72,6 +72,8 @@ class RadixCache:
       nodes with ref > 0; `total_size()` is their sum. All three are O(1) counters.
     - `_leaves` holds exactly the evictable leaves: non-root, no children, ref == 0.
     - LRU time is a monotonic operation counter (`_clock`), not wall time.
+    - After `invalidate`, nodes that were locked hang from a retired root: never matched again, still
+      counted, unlocked and evicted like the rest (a node is a root exactly when its parent is None).
     """
 
     def __init__(self, free_slots: Callable[[torch.Tensor], None], *, disabled: bool = False) -> None:
@@ -87,16 +89,27 @@ class RadixCache:
         if free:
             if self.protected_size():
                 raise RuntimeError(f"reset with {self.protected_size()} locked tokens")
-            slots = [n.value for n in self._nodes() if n is not self.root]
+            slots = [n.value for n in self._nodes() if n.parent is not None]
             if slots:
                 self.free_slots(torch.cat(slots))
         self.root = RadixNode((), _EMPTY, None)
+        self._retired: list[RadixNode] = []  # roots of trees `invalidate` took out of matching
         self._leaves: set[RadixNode] = set()
         self._evictable = 0
         self._protected = 0
         self._clock = 0
         self.hit_tokens = 0
         self.queried_tokens = 0
+
+    def invalidate(self) -> int:
+        """Never match anything cached so far again (the kernels changed: that KV was computed by
+        others). Unlocked sequences are freed now; the ones requests still hold leave matching at once
+        and are freed by eviction once released. Returns the tokens freed now."""
+        freed = self.evict(self._evictable)
+        if self.root.children:  # all locked: in-flight requests' prefixes
+            self._retired.append(self.root)
+            self.root = RadixNode((), _EMPTY, None)
+        return freed
 
     def evictable_size(self) -> int:
         return self._evictable
@@ -185,7 +198,7 @@ class RadixCache:
 
     def lock(self, node: RadixNode) -> None:
         """Protect the path root..node from eviction (one reference on each node)."""
-        while node is not self.root:
+        while node.parent is not None:
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
@@ -194,8 +207,8 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: RadixNode) -> None:
-        """Undo one `lock(node)`."""
-        while node is not self.root:
+        """Undo one `lock(node)` (also on a node `invalidate` retired)."""
+        while node.parent is not None:
             if node.lock_ref <= 0:
                 raise RuntimeError(f"unlock of unlocked {node!r}")
             node.lock_ref -= 1
@@ -232,13 +245,15 @@ class RadixCache:
         return count
 
     def _refresh(self, node: RadixNode) -> None:
-        if node is not self.root and not node.children and node.lock_ref == 0:
+        if node.parent is not None and not node.children and node.lock_ref == 0:
             self._leaves.add(node)
         else:
             self._leaves.discard(node)
 
     def _nodes(self) -> list[RadixNode]:
-        out, stack = [], [self.root]
+        """Every node, of the live tree and of the retired ones (whose roots are kept while they hold any)."""
+        self._retired = [r for r in self._retired if r.children]
+        out, stack = [], [self.root, *self._retired]
         while stack:
             node = stack.pop()
             out.append(node)

@@ -40,7 +40,8 @@ def slots(*xs: int) -> torch.Tensor:
 
 
 def walk(cache: RadixCache) -> list[RadixNode]:
-    out, stack = [], [cache.root]
+    """Every node, the retired trees' too (RadixCache.invalidate)."""
+    out, stack = [], [cache.root, *cache._retired]
     while stack:
         node = stack.pop()
         out.append(node)
@@ -61,8 +62,8 @@ def check_invariants(cache: RadixCache) -> None:
             assert child.parent is node
             assert child.key and child.key[0] == first
             assert len(child.value) == len(child.key)
-            assert child.lock_ref <= node.lock_ref or node is cache.root
-        if node is cache.root:
+            assert child.lock_ref <= node.lock_ref or node.parent is None
+        if node.parent is None:
             continue
         assert node.lock_ref >= 0
         if node.lock_ref:
@@ -336,3 +337,43 @@ def test_randomized_against_brute_force():
     cache.evict(10**9)
     assert cache.total_size() == 0 and len(pool.free_set) == pool.size
     assert cache.queried_tokens > cache.hit_tokens > 0
+
+
+def test_invalidate_frees_what_is_free_and_never_matches_what_requests_hold():
+    pool = Pool(64)
+    cache = RadixCache(pool.release)
+    held, free = pool.alloc(4), pool.alloc(3)
+    cache.insert([1, 2, 3, 4], held)
+    cache.insert([7, 8, 9], free)
+    node = cache.match_prefix([1, 2, 3, 4]).node
+    cache.lock(node)  # a request in flight holds [1, 2, 3, 4]
+    assert cache.invalidate() == 3 and sorted(pool.freed_log) == free.tolist()
+    check_invariants(cache)
+    assert cache.match_prefix([1, 2, 3, 4]).slots.numel() == 0  # held, but no longer matched
+    assert cache.match_prefix([7, 8, 9]).slots.numel() == 0
+    assert cache.protected_size() == 4 and cache.evictable_size() == 0
+    fresh = pool.alloc(4)  # the same prompt computed again by the new kernels is cached anew
+    assert cache.insert([1, 2, 3, 4], fresh) == 0
+    assert cache.match_prefix([1, 2, 3, 4]).slots.tolist() == fresh.tolist()
+    check_invariants(cache)
+    cache.unlock(node)  # the request finishes: its old prefix becomes evictable, then freed
+    check_invariants(cache)
+    assert cache.evictable_size() == 8
+    assert cache.evict(8) == 8 and set(pool.freed_log) == set(free.tolist() + held.tolist() + fresh.tolist())
+    check_invariants(cache)
+    assert cache.total_size() == 0 and cache._nodes() == [cache.root]
+
+
+def test_reset_after_invalidate_frees_the_retired_trees_too():
+    pool = Pool(64)
+    cache = RadixCache(pool.release)
+    held = pool.alloc(2)
+    cache.insert([5, 6], held)
+    node = cache.match_prefix([5, 6]).node
+    cache.lock(node)
+    cache.invalidate()
+    with pytest.raises(RuntimeError):
+        cache.reset()  # a request still holds it
+    cache.unlock(node)
+    cache.reset()
+    assert sorted(pool.freed_log) == held.tolist() and cache.total_size() == 0

@@ -1,6 +1,6 @@
 """The engine being tuned, as the tune loop sees it: one handle, whether the engine runs here or serves elsewhere.
 
-An `EngineHandle` does five things:
+An `EngineHandle` does six things:
 
     profile(workload, progress) -> profile dict   drive the workload through the engine and profile it
                                                   (kernels/profile_contract.py `Profile`)
@@ -14,11 +14,14 @@ An `EngineHandle` does five things:
     generate(prompt_ids, max_tokens, seeds) -> token ids
                                                   the runaway check's long generations: greedy where
                                                   seeds[i] is None, sampled from seeds[i] otherwise
+    invariance(prompt_ids, max_tokens, batch) -> {"alone", "batch", "hit", "cached"}
+                                                  each prompt's greedy tokens alone, in a batch of `batch`
+                                                  requests and with a prefix-cache hit
     close()                                       release what the handle holds (idempotent)
 
 Two implementations: `LocalEngine` (agent/local_engine.py: an Engine in this process, built on first use; the
 one agent module that imports the engine) and `RemoteEngine` (agent/remote.py: a serving engine over HTTP,
-`POST /kernels/reload`, `POST /gate/measure` and `POST /gate/generate`). Both take their measurement with engine/gate_measure.py,
+`POST /kernels/reload` and `POST /gate/measure`, `/gate/generate`, `/gate/invariance`). Both take their measurement with engine/gate_measure.py,
 so the two paths give the same figures. The tune loop (agent/loop/context.py) holds one handle and never
 asks which kind it is.
 """
@@ -32,7 +35,7 @@ from kernelloop.agent.loop.state import GateConfig
 from kernelloop.kernels.progress import Progress
 from kernelloop.profiler.workload import WorkloadRequest
 
-METHODS = ("profile", "reload", "measure", "generate", "close")
+METHODS = ("profile", "reload", "measure", "generate", "invariance", "close")
 
 
 @runtime_checkable
@@ -48,6 +51,9 @@ class EngineHandle(Protocol):
 
     def generate(self, prompt_ids: list[list[int]], max_tokens: int, seeds: list[int | None]) -> list[list[int]]:
         """Long generations (engine/gate_measure.py long_params): greedy where a seed is None."""
+
+    def invariance(self, prompt_ids: list[list[int]], max_tokens: int, batch: int) -> dict[str, Any]:
+        """Each prompt decoded greedily alone, in a batch and with a prefix-cache hit (engine/gate_invariance.py)."""
 
     def close(self) -> None:
         """Release the engine (or the connection); safe to call twice."""

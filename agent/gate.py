@@ -8,6 +8,9 @@ in float64 (Engine.logits_hook), and KL(reference || engine) is averaged over po
 
     greedy tokens after == greedy tokens before        (bitwise-stable decoding)
     KL after <= KL before + kl_margin                  (no silent quality loss)
+    no new batch divergence                            (agent/invariance.py: each prompt decoded alone, in a
+                                                        batch of 16 and with a prefix-cache hit must agree
+                                                        after wherever it agreed before)
     no new runaway in long generations                 (agent/runaway.py: a few prompts, greedy and seeded
                                                         sampling, `runaway_tokens` long; an n-gram repeated
                                                         back to back past `runaway_repeats` after, not before)
@@ -31,6 +34,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from kernelloop.agent.loop.state import GateConfig
+from kernelloop.agent.invariance import invariance_rows
 from kernelloop.agent.runaway import PromptLoops, new_loops
 from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.stats import median_interval
@@ -58,6 +62,7 @@ class GateResult:
     tps_interval: list[float] | None = None
     speed_rounds: int = 0
     runaway: list[dict[str, Any]] = field(default_factory=list)  # per long generation: agent/runaway.py PromptLoops
+    invariance: list[dict[str, Any]] = field(default_factory=list)  # per prompt: agent/invariance.py rows
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,12 +113,12 @@ def mean_kl(reference: Measurement, other: Measurement) -> float:
     return total / max(n, 1)
 
 
-def summary(reference: Measurement, measured: Measurement, long: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What the gate keeps of one measurement (plain JSON, so a checkpoint can hold it), with the runaway
-    check's long generations when taken (LoopContext.long_generations); its speed is judged from
-    `alternate_speed()`, not from this one figure."""
+def summary(reference: Measurement, measured: Measurement, **checks: dict[str, Any] | None) -> dict[str, Any]:
+    """What the gate keeps of one measurement (plain JSON, so a checkpoint can hold it), with the checks'
+    data when taken: `long` (LoopContext.long_generations), `invariance` (LoopContext.batch_invariance).
+    Its speed is judged from `alternate_speed()`, not from this one figure."""
     kept = {"greedy": measured.greedy, "kl": mean_kl(reference, measured)}
-    return kept if long is None else {**kept, "long": long}
+    return {**kept, **{name: data for name, data in checks.items() if data is not None}}
 
 
 def runaway_rows(before: dict[str, Any], after: dict[str, Any], config: GateConfig) -> list[PromptLoops]:
@@ -137,12 +142,19 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
     loops = runaway_rows(before, after, config)
     result.runaway = [row.to_json() for row in loops]
     runaways = [row for row in loops if row.runaway]
+    both = before.get("invariance") and after.get("invariance")
+    result.invariance = invariance_rows(before["invariance"], after["invariance"]) if both else []
+    diverged = [row for row in result.invariance if row["new"]]
     if not same:
         diff = next(i for i, (a, b) in enumerate(zip(after["greedy"], before["greedy"])) if a != b)
         result.ok, result.reason = False, f"greedy output of prompt {diff} changed ({config.prompts[diff]!r})"
     elif kl_after > kl_before + config.kl_margin:
         result.ok, result.reason = False, (f"KL to the reference grew from {kl_before:.2e} to {kl_after:.2e} nats "
                                            f"(margin {config.kl_margin:.0e})")
+    elif diverged:
+        row = diverged[0]
+        result.ok, result.reason = False, (f"batch invariance: prompt {row['prompt']} decodes differently {row['after']}"
+                                           + (f"; {len(diverged) - 1} more prompts" if len(diverged) > 1 else ""))
     elif runaways:
         result.ok, result.reason = False, (f"runaway: {runaways[0].describe()}"
                                            + (f"; {len(runaways) - 1} more" if len(runaways) > 1 else ""))
@@ -151,6 +163,8 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
                                            f"{speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds}")
     else:
         no_loops = f"no new loop in {len(loops)} long generations; " if loops else ""
+        if result.invariance:
+            no_loops = f"no new batch divergence in {len(result.invariance)} prompts; " + no_loops
         result.reason = (f"greedy outputs unchanged; KL {kl_before:.2e} -> {kl_after:.2e} nats; {no_loops}tokens/s "
                          f"{tps_before:.1f} -> {tps_after:.1f} ({speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds})")
     return result

@@ -12,7 +12,7 @@ from typing import Any
 
 from kernelloop.agent.gate import Measurement
 from kernelloop.agent.loop.state import GateConfig
-from kernelloop.engine import gate_measure
+from kernelloop.engine import gate_invariance, gate_measure
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.tokenizer import Tokenizer
 from kernelloop.kernels.progress import Progress
@@ -58,6 +58,9 @@ class LocalEngine:
 
     def generate(self, prompt_ids: list[list[int]], max_tokens: int, seeds: list[int | None]) -> list[list[int]]:
         return gate_measure.generate(self.engine, prompt_ids, max_tokens, seeds)
+
+    def invariance(self, prompt_ids: list[list[int]], max_tokens: int, batch: int) -> dict[str, Any]:
+        return gate_invariance.probe(self.engine, prompt_ids, max_tokens, batch)
 
     def close(self) -> None:
         self._engine = None

@@ -78,6 +78,15 @@ class RemoteEngine:
                                   "that engine to this version of kernelloop")
         return outputs
 
+    def invariance(self, prompt_ids: list[list[int]], max_tokens: int, batch: int) -> dict[str, Any]:
+        """The batch-invariance probe, by the engine beside its traffic (`POST /gate/invariance`)."""
+        reply = self._post("/gate/invariance", {"prompts": prompt_ids, "max_tokens": max_tokens, "batch": batch})
+        ok = all(isinstance(reply.get(k), list) and len(reply[k]) == len(prompt_ids) for k in ("alone", "batch", "hit"))
+        if not ok:
+            raise KernelloopError(f"{self.url}/gate/invariance did not send three decodes per prompt: update that "
+                                  "engine to this version of kernelloop")
+        return reply
+
     def close(self) -> None:
         """Nothing is held between requests."""
 

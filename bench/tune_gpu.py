@@ -68,7 +68,8 @@ PLANS = {
     # reload run too.
     "cpu": Plan(TINY_LLAMA, "tiny Llama (bench.rehearse)", ops="rmsnorm", candidates=2, profile_requests=1,
                 sandbox_timeout_s=240, sandbox_rounds=3,
-                gate=GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=16)),
+                gate=GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=16,
+                                invariance_tokens=3, invariance_batch=4)),
 }
 
 

@@ -10,7 +10,8 @@ another shape, or a prompt the engine refuses (ids out of range, longer than it 
 
 `POST /gate/generate`, body {"prompts": [[ids]], "max_tokens": N (up to 1024), "seeds": [null | int per
 prompt]}: the runaway check's long generations (greedy for null, sampled from the seed otherwise; EOS ends
-them), reply {"outputs": [[ids]]}. Both take the same lock: one gate measurement at a time.
+them), reply {"outputs": [[ids]]}. `POST /gate/invariance`, body {"prompts", "max_tokens", "batch"}: the
+batch-invariance probe (engine/gate_invariance.py). All take the same lock: one gate measurement at a time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from typing import Any, Callable
 
 from kernelloop.engine.engine import InvalidRequest
+from kernelloop.engine.gate_invariance import batch_prompts, greedy
 from kernelloop.engine.gate_measure import WARMUP, LogprobCapture, decode_params, long_params, to_wire
 from kernelloop.engine.loop import EngineLoop
 from kernelloop.engine.openai_api import APIError
@@ -28,20 +30,26 @@ from kernelloop.engine.sampling import SamplingParams
 MAX_PROMPTS = 16
 MAX_TOKENS = 64
 MAX_LONG_TOKENS = 1024  # /gate/generate: the runaway check's long generations
+MAX_BATCH = 64          # /gate/invariance: requests in its batch run
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _prompts(body: dict) -> list[list[int]]:
+    prompts = body.get("prompts")
+    if (not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_PROMPTS
+            or not all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompts)):
+        raise APIError(400, f"prompts: 1 to {MAX_PROMPTS} non-empty lists of token ids", param="prompts")
+    return prompts
+
+
 def check_body(body: Any) -> tuple[list[list[int]], int, bool]:
     """(prompts, max_tokens, warmup) of a request body; APIError(400) naming what is wrong."""
     if not isinstance(body, dict):
         raise APIError(400, 'the body must be a JSON object like {"prompts": [[token ids], ...], "max_tokens": N}')
-    prompts, max_tokens = body.get("prompts"), body.get("max_tokens", 6)
-    if (not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_PROMPTS
-            or not all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompts)):
-        raise APIError(400, f"prompts: 1 to {MAX_PROMPTS} non-empty lists of token ids", param="prompts")
+    prompts, max_tokens = _prompts(body), body.get("max_tokens", 6)
     if not _is_int(max_tokens) or not 0 < max_tokens <= MAX_TOKENS:
         raise APIError(400, f"max_tokens: an integer from 1 to {MAX_TOKENS}", param="max_tokens")
     warmup = body.get("warmup", True)
@@ -108,10 +116,7 @@ def check_generate_body(body: Any) -> tuple[list[list[int]], int, list[int | Non
     if not isinstance(body, dict):
         raise APIError(400, 'the body must be a JSON object like {"prompts": [[token ids], ...], "max_tokens": N, '
                        '"seeds": [null or an integer per prompt]}')
-    prompts, max_tokens, seeds = body.get("prompts"), body.get("max_tokens"), body.get("seeds")
-    if (not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_PROMPTS
-            or not all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompts)):
-        raise APIError(400, f"prompts: 1 to {MAX_PROMPTS} non-empty lists of token ids", param="prompts")
+    prompts, max_tokens, seeds = _prompts(body), body.get("max_tokens"), body.get("seeds")
     if not _is_int(max_tokens) or not 0 < max_tokens <= MAX_LONG_TOKENS:
         raise APIError(400, f"max_tokens: an integer from 1 to {MAX_LONG_TOKENS}", param="max_tokens")
     if not isinstance(seeds, list) or len(seeds) != len(prompts) or not all(s is None or _is_int(s) for s in seeds):
@@ -126,3 +131,40 @@ async def generate(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str,
     async with lock:
         submitted = await submit_all(loop, prompts, [long_params(max_tokens, seed) for seed in seeds])
         return {"outputs": [await token_ids(queue) for _, queue in submitted]}
+
+
+def check_invariance_body(body: Any) -> tuple[list[list[int]], int, int]:
+    """(prompts, max_tokens, batch) of a `POST /gate/invariance` body; APIError(400) naming what is wrong."""
+    if not isinstance(body, dict):
+        raise APIError(400, 'the body must be a JSON object like {"prompts": [[token ids], ...], "max_tokens": N, '
+                       '"batch": B}')
+    prompts, max_tokens, batch = _prompts(body), body.get("max_tokens"), body.get("batch")
+    if not _is_int(max_tokens) or not 0 < max_tokens <= MAX_TOKENS:
+        raise APIError(400, f"max_tokens: an integer from 1 to {MAX_TOKENS}", param="max_tokens")
+    if not _is_int(batch) or not 0 < batch <= MAX_BATCH:
+        raise APIError(400, f"batch: an integer from 1 to {MAX_BATCH}", param="batch")
+    return prompts, max_tokens, batch
+
+
+async def invariance(loop: EngineLoop, lock: asyncio.Lock, body: Any) -> dict[str, Any]:
+    """`POST /gate/invariance`: engine/gate_invariance.py's probe, beside live traffic. Reply {"alone",
+    "batch", "hit": [[ids]] per prompt, "cached": prompt tokens each hit run took from the prefix cache}."""
+    prompts, max_tokens, batch = check_invariance_body(body)
+    engine, params = loop.engine, greedy(max_tokens)
+
+    async def one(prompt: list[int]) -> tuple[list[int], int]:
+        held: dict[str, Any] = {}
+        (_, queue), = await submit_all(loop, [prompt], params, prepare=lambda rid: held.update(req=engine.requests[rid]))
+        return await token_ids(queue), held["req"].cached_tokens
+
+    async with lock:
+        alone = []
+        for prompt in prompts:
+            await loop.call(engine.cache.invalidate)
+            alone.append((await one(prompt))[0])
+        await loop.call(engine.cache.invalidate)
+        submitted = await submit_all(loop, batch_prompts(prompts, engine.model_config.vocab_size, batch), params)
+        batched = [await token_ids(queue) for _, queue in submitted]
+        hits = [await one(prompt) for prompt in prompts]
+    return {"alone": alone, "batch": batched[:len(prompts)], "hit": [h for h, _ in hits],
+            "cached": [c for _, c in hits]}

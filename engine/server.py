@@ -284,6 +284,11 @@ def create_app(loop: EngineLoop, model_names: str | Sequence[str], max_body_byte
         body = await asyncio.to_thread(parse_body, await http.body())
         return await gate_endpoint.generate(loop, gate_lock, body)
 
+    @app.post("/gate/invariance")
+    async def gate_invariance(http: HTTPRequest) -> dict[str, Any]:
+        body = await asyncio.to_thread(parse_body, await http.body())
+        return await gate_endpoint.invariance(loop, gate_lock, body)
+
     @app.post("/profile/start")
     async def profile_start(body: dict[str, Any] | None = None) -> dict[str, Any]:
         # body {"max_seconds": N}: stops recording by itself after N s; 409 while a profile records

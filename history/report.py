@@ -192,10 +192,23 @@ def _gates_table(events: list[dict[str, Any]]) -> str:
                      _result(d.get("ok", g.get("ok"))), "" if greedy is None else "yes" if greedy else "no",
                      f"{_num(d.get('kl_before'), '{:.3g}')} → {_num(d.get('kl_after'), '{:.3g}')}",
                      f"{_num(d.get('tps_before'), '{:.3g}')} → {_num(d.get('tps_after'), '{:.3g}')}", _e(ratio),
-                     _e(_loops(d.get("runaway"))), _e(d.get("speed_rounds")), _e(d.get("reason"))))
+                     _e(_divergences(d.get("invariance"))), _e(_loops(d.get("runaway"))), _e(d.get("speed_rounds")),
+                     _e(d.get("reason"))))
     return _table(("time (UTC)", "op", "entry", "device", "result", "greedy same", "KL before → after",
-                   "tokens/s before → after", "tokens/s ratio [95% interval]", "runaway (longest loop before → after)",
-                   "rounds", "reason"), rows, numeric=(6, 7, 8, 10), raw=tuple(range(12)))
+                   "tokens/s before → after", "tokens/s ratio [95% interval]", "batch invariance (alone, batch, cache hit)",
+                   "runaway (longest loop before → after)", "rounds", "reason"), rows, numeric=(6, 7, 8, 11),
+                  raw=tuple(range(13)))
+
+
+def _divergences(rows: list[dict[str, Any]] | None) -> str:
+    """The gate's batch-invariance check in one cell: new divergences first, then those the model had."""
+    if not rows:
+        return "-"
+    new = [r for r in rows if r.get("new")]
+    old = sum(1 for r in rows if r.get("before"))
+    head = (f"{len(new)} new: prompt {new[0]['prompt']} {new[0]['after']}" if new
+            else f"none new ({len(rows)} prompts)")
+    return head + (f"; {old} diverged before" if old else "")
 
 
 def _loops(rows: list[dict[str, Any]] | None) -> str:

@@ -27,7 +27,7 @@ def _daemon(tmp_path: Path, model_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "kernelloop.agent.cli", "daemon", "--model", str(model_dir), "--registry", str(tmp_path / "reg"),
          "--history", str(tmp_path / "h.db"), "--metrics-port", "0", "--op", "rmsnorm", "--rounds", "1", "--candidates", "2",
-         "--interval", "0.2", "--gate-runaway-tokens", "0", *extra],
+         "--interval", "0.2", "--gate-runaway-tokens", "0", "--gate-invariance-tokens", "0", *extra],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -53,9 +53,10 @@ def model_dir(tmp_path_factory) -> Path:
 
 # The default tolerance: the gate alternates before/after and fails only on an interval that says
 # slower, so these tests hold on a busy machine (CI runs them once more under a CPU hog).
-SMALL_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=0)
-# The runaway check's whole path once (the first test): one prompt, greedy and seeded, a few tokens.
-RUNAWAY_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=6, runaway_prompts=1)
+SMALL_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=0, invariance_tokens=0)
+# The runaway and batch-invariance checks' whole path once (the first test), at a few tokens.
+CHECKED_GATE = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=6, runaway_prompts=1,
+                          invariance_tokens=3, invariance_batch=4)
 
 
 def tune(tmp_path: Path, model_dir: Path, proposers: dict, gate: GateConfig | None = None,
@@ -72,7 +73,7 @@ def tune(tmp_path: Path, model_dir: Path, proposers: dict, gate: GateConfig | No
 
 def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: Path) -> None:
     scripted = Scripted([CANDIDATES / "unwritten_tail.py"], [FAST])
-    state, history, registry = tune(tmp_path, model_dir, {"scripted": scripted}, gate=RUNAWAY_GATE)
+    state, history, registry = tune(tmp_path, model_dir, {"scripted": scripted}, gate=CHECKED_GATE)
     assert state["status"] == "winner", state["reason"]
     # round 2 was proposed with round 1's verdict as feedback
     assert [v["failure"] for _, v in scripted.seen_feedback[1]] == ["mismatch"]
@@ -84,6 +85,7 @@ def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: 
     assert sorted(kinds) == ["add", "gate", "reload"]
     gate = next(e["detail"] for e in history.registry_events(op="rmsnorm") if e["kind"] == "gate")
     assert [r["label"] for r in gate["runaway"]] == ["prompt 0, greedy", "prompt 0, seed 1234"]  # the long generations
+    assert [r["prompt"] for r in gate["invariance"]] == [0, 1] and not any(r["new"] for r in gate["invariance"])
     attempts = history.attempts(op="rmsnorm")
     assert sorted(a["failure"] or "accepted" for a in attempts) == ["accepted", "mismatch"]
     run = history.runs(limit=1)[0]
@@ -97,7 +99,8 @@ def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: 
 
 
 def test_a_failed_gate_rolls_the_commit_back(tmp_path: Path, model_dir: Path) -> None:
-    impossible = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, tps_tolerance=-100.0, runaway_tokens=0)  # 101x or bust
+    impossible = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, tps_tolerance=-100.0, runaway_tokens=0,
+                           invariance_tokens=0)  # 101x or bust
     state, history, registry = tune(tmp_path, model_dir, {"scripted": Scripted([FAST])}, gate=impossible)
     assert state["status"] == "gate-failed" and "tokens/s" in state["reason"]
     assert registry.entries() == []  # rolled back by a revert commit
@@ -226,7 +229,7 @@ def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> No
     result = subprocess.run(
         [sys.executable, "-m", "kernelloop.agent.cli", "tune", "rmsnorm", "--model", str(model_dir), "--rounds", "1",
          "--candidates", "2", "--registry", str(tmp_path / "reg"), "--history", str(tmp_path / "h.db"), "--json",
-         "--gate-runaway-tokens", "0"],
+         "--gate-runaway-tokens", "0", "--gate-invariance-tokens", "0"],
         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads(result.stdout)
@@ -252,7 +255,8 @@ def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
         assert bad.status_code == 400 and "prompts" in bad.text
         result = subprocess.run(
             [sys.executable, "-m", "kernelloop.agent.cli", "tune", "rmsnorm", "--engine", base, "--rounds", "1",
-             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json", "--gate-runaway-tokens", "0"],
+             "--candidates", "2", "--history", str(tmp_path / "h.db"), "--json", "--gate-runaway-tokens", "0",
+             "--gate-invariance-tokens", "0"],
             cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         state = json.loads(result.stdout)

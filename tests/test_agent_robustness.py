@@ -115,6 +115,9 @@ class FakeEngine:
     def generate(self, prompt_ids, max_tokens, seeds):  # noqa: ANN001, ANN201
         raise AssertionError("no candidate here can win, so the gate never generates")
 
+    def invariance(self, prompt_ids, max_tokens, batch):  # noqa: ANN001, ANN201
+        raise AssertionError("no candidate here can win, so the gate never probes")
+
     def close(self) -> None:
         pass
 

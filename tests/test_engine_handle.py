@@ -61,9 +61,15 @@ def test_local_and_remote_handles_give_the_same_measurement(tmp_path: Path, mode
             remote.generate(one, 5000, [None])
         with pytest.raises(KernelloopError, match="seeds: one per prompt"):
             remote.generate(two, 4, [None])
+        remote_probe = remote.invariance(two, 4, 5)
+        with pytest.raises(KernelloopError, match="batch: an integer from 1 to 64"):
+            remote.invariance(two, 4, 100)
         assert remote.reload() == {}  # nothing committed: nothing changes
     local_one, local_two = local.measure(one, GATE), local.measure(two, GATE)
     local_long = [local.generate(one, 20, [seed]) for seed in (None, 7)]
+    local_probe = local.invariance(two, 4, 5)
+    assert local_probe == remote_probe  # the same plan, the same fillers, the same tokens
+    assert all(c > 0 for c in local_probe["cached"]) and [len(t) for t in local_probe["batch"]] == [4, 4]
     assert local_long == remote_long and all(len(g[0]) <= 20 for g in local_long)
     assert local.generate(one, 20, [7]) == local_long[1] and local_long[0] != local_long[1]  # the seed decides
     local.close()
@@ -82,7 +88,7 @@ def test_local_and_remote_handles_give_the_same_measurement(tmp_path: Path, mode
 
 
 class FakeHandle:
-    """Any object with the protocol's five methods: records what the loop asks of it."""
+    """Any object with the protocol's six methods: records what the loop asks of it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
@@ -105,6 +111,11 @@ class FakeHandle:
     def generate(self, prompt_ids, max_tokens, seeds):  # noqa: ANN001
         self.calls.append(("generate", len(prompt_ids), max_tokens, tuple(seeds)))
         return [[1, 2, 3] for _ in prompt_ids]
+
+    def invariance(self, prompt_ids, max_tokens, batch):  # noqa: ANN001
+        self.calls.append(("invariance", len(prompt_ids), max_tokens, batch))
+        same = [[1, 2, 3] for _ in prompt_ids]
+        return {"alone": same, "batch": same, "hit": same, "cached": [2] * len(prompt_ids)}
 
     def close(self) -> None:
         self.closed += 1
@@ -129,6 +140,8 @@ def test_the_loop_context_works_with_any_engine_handle(tmp_path: Path, model_dir
         assert fake.calls[-1] == ("generate", 4, GATE.runaway_tokens, (None, 1234, None, 1234))
         assert long == {"sampling": ["prompt 0, greedy", "prompt 0, seed 1234", "prompt 1, greedy", "prompt 1, seed 1234"],
                         "outputs": [[1, 2, 3]] * 4}
+        assert ctx.batch_invariance()["cached"] == [2, 2]
+        assert fake.calls[-1] == ("invariance", 2, GATE.invariance_tokens, GATE.invariance_batch)
         speed = alternate_speed(ctx.tokens_per_second_at, "c^", "c", rounds=2)
         assert speed["ratios"] == [1.0, 1.0]
         assert [c[1] for c in fake.calls if c[0] == "reload"] == ["c^", "c", "c", "c^"]  # alternated
@@ -143,7 +156,7 @@ def test_an_object_without_the_protocol_is_refused(tmp_path: Path) -> None:
             return {}
 
     with History(tmp_path / "h.db") as history:
-        with pytest.raises(TypeError, match="lacks reload, measure, generate, close"):
+        with pytest.raises(TypeError, match="lacks reload, measure, generate, invariance, close"):
             LoopContext(history=history, registry=Registry(tmp_path / "reg"), proposers={}, engine=Partial())
 
 

@@ -50,7 +50,7 @@ def measured(tmp_path_factory, model_dir: Path) -> dict:
     with History(tmp / "h.db") as history:
         ctx = LoopContext(history=history, registry=Registry(tmp / "reg"), proposers={}, model=str(model_dir),
                           engine=engine, gate=GATE)
-        take = lambda: summary(ctx.measure_reference(), ctx.measure_engine(), ctx.long_generations())  # noqa: E731
+        take = lambda: summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations())  # noqa: E731
         out = {"before": take(), "clean": take()}
         kd = engine.engine.kernels
         real = kd.ops["fused_add_rmsnorm"]

@@ -54,7 +54,8 @@ GATE = {"ok": True, "reason": "greedy same, KL 1e-06 <= 0.01, tokens/s x1.04", "
         "greedy_same": True, "tps_before": 0.13, "tps_after": 0.135, "tps_ratio": 1.04, "tps_interval": [0.99, 1.09],
         "speed_rounds": 3,
         "runaway": [{"label": f"prompt {i}, greedy", "runaway": False, "before": {"repeats": 3}, "after": {"repeats": 2 + i}}
-                    for i in range(3)]}
+                    for i in range(3)],
+        "invariance": [{"prompt": i, "before": None, "after": None, "new": False, "cached": 5} for i in range(4)]}
 
 
 def fill_registry(h: History) -> None:
@@ -72,7 +73,9 @@ def fill_registry(h: History) -> None:
                             ok=True, **slot)
     failed = {**GATE, "ok": False, "reason": "KL 0.5 > 0.01", "kl_after": 0.5, "greedy_same": False,
               "tps_interval": None, "runaway": [{"label": "prompt 0, seed 1", "runaway": True,
-                                                 "before": {"repeats": 4}, "after": {"repeats": 40}}]}
+                                                 "before": {"repeats": 4}, "after": {"repeats": 40}}],
+              "invariance": [{"prompt": 2, "before": None, "after": "in a batch from token 3 (7 alone, 9 batch)",
+                              "new": True, "cached": 5}]}
     h.record_registry_event("gate", "decode_attention", entry_id="dattn-1", ok=False, run_id=run, detail=failed)
     h.record_registry_event("rollback", "decode_attention", entry_id="dattn-1", ok=True, run_id=run,
                             detail={"why": "KL 0.5 > 0.01"})

@@ -108,7 +108,8 @@ def test_report_sections_gates_registry_runs_and_interpreter_labels(tmp_path):
     assert gates.count("<tr>") == 3 and "greedy same" in gates and "2e-07 → 1e-06" in gates and "2e-07 → 0.5" in gates
     assert "1.040x [0.990, 1.090]" in gates and "0.13 → 0.135" in gates and ">no<" in gates and ">yes<" in gates
     assert '<span class="bad">failed</span>' in gates and "KL 0.5 &gt; 0.01" in gates and CELL_BADGE in gates
-    assert "runaway (longest loop before → after)" in gates
+    assert "runaway (longest loop before → after)" in gates and "batch invariance (alone, batch, cache hit)" in gates
+    assert "none new (4 prompts)" in gates and "1 new: prompt 2 in a batch from token 3 (7 alone, 9 batch)" in gates
     assert "none (3 → 4 repeats, 3 generations)" in gates and "1 new loop (4 → 40 repeats, 1 generations)" in gates
     events = page.split("<h2>Registry events")[1].split("<h2>")[0]
     for kind in ("add", "reload", "gate", "rollback"):

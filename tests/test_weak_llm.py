@@ -340,7 +340,7 @@ def test_agent_tune_with_engine_serve_as_the_llm(tmp_path: Path) -> None:
             [sys.executable, "-m", "kernelloop.agent.cli", "tune", OP, "--proposer", "llm", "--llm-model", "tiny-llm",
              "--llm-max-tokens", "48", "--llm-timeout", "30", "--model", str(model_dir), "--device", "cpu",
              "--rounds", str(rounds), "--candidates", str(candidates), "--registry", str(tmp_path / "reg"),
-             "--history", str(tmp_path / "h.db"), "--json", "--gate-runaway-tokens", "0"],
+             "--history", str(tmp_path / "h.db"), "--json", "--gate-runaway-tokens", "0", "--gate-invariance-tokens", "0"],
             cwd=ROOT, env={**env, "OPENAI_BASE_URL": base, "OPENAI_API_KEY": "none"},
             capture_output=True, text=True, timeout=120)
         elapsed = time.monotonic() - started

@@ -19,6 +19,7 @@ from kernelloop.sandbox.budget import DEFAULT_TIMEOUT_S
 from kernelloop.sandbox.options import CheckOptions
 
 CPU_RUNAWAY_TOKENS = 32  # the runaway check's default on the CPU interpreter (GPU: GateConfig's 256)
+CPU_INVARIANCE_TOKENS = 4  # the batch-invariance check's default there (GPU: GateConfig's 16)
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,6 +50,10 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="end-to-end gate: tokens per long generation in the runaway check (greedy and seeded "
                         f"sampling, before and after; 0 turns it off; default {GateConfig.runaway_tokens} on cuda, "
                         f"{CPU_RUNAWAY_TOKENS} on cpu, where each interpreted decode step takes about a second)")
+    p.add_argument("--gate-invariance-tokens", type=int, default=None, metavar="N",
+                   help="end-to-end gate: greedy tokens per prompt decoded alone, in a batch of "
+                        f"{GateConfig.invariance_batch} and from the prefix cache, before and after (0 turns it off; "
+                        f"default {GateConfig.invariance_tokens} on cuda, {CPU_INVARIANCE_TOKENS} on cpu)")
     add_registry_argument(p)
     add_history_argument(p)
 
@@ -112,7 +117,12 @@ def gate_config(args: argparse.Namespace, device: str) -> GateConfig:
         tokens = GateConfig.runaway_tokens if device == "cuda" else CPU_RUNAWAY_TOKENS
     if not 0 <= tokens <= 1024:
         raise KernelloopError("--gate-runaway-tokens must be 0 (off) or a number of tokens up to 1024")
-    return GateConfig(tps_tolerance=args.gate_tps_tolerance, runaway_tokens=tokens)
+    invariance = args.gate_invariance_tokens
+    if invariance is None:
+        invariance = GateConfig.invariance_tokens if device == "cuda" else CPU_INVARIANCE_TOKENS
+    if not 0 <= invariance <= 64:
+        raise KernelloopError("--gate-invariance-tokens must be 0 (off) or a number of tokens up to 64")
+    return GateConfig(tps_tolerance=args.gate_tps_tolerance, runaway_tokens=tokens, invariance_tokens=invariance)
 
 
 def build_proposers(args: argparse.Namespace) -> dict[str, Proposer]:

@@ -91,6 +91,16 @@ class LoopContext:
         labels = [f"prompt {i}, " + ("greedy" if seed is None else f"seed {seed}") for i, seed in pairs]
         return {"sampling": labels, "outputs": outputs}
 
+    def batch_invariance(self) -> dict[str, Any] | None:
+        """The engine's decodes of every gate prompt alone, in a batch and with a prefix-cache hit
+        (engine/gate_invariance.py); None when the check is off."""
+        g = self.gate
+        if g.invariance_tokens <= 0:
+            return None
+        self.progress(f"end-to-end gate: batch invariance, {len(self.prompt_ids())} prompts alone, in a batch of "
+                      f"{g.invariance_batch} and from the prefix cache")
+        return self.engine.invariance(self.prompt_ids(), g.invariance_tokens, g.invariance_batch)
+
     def measure_engine(self, warmup: bool = True) -> Measurement:
         return self.engine.measure(self.prompt_ids(), self.gate, warmup)
 

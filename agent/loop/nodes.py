@@ -216,7 +216,8 @@ class Nodes:
         ctx = self.ctx
         ctx.progress(f"winner: {winner['label']} ({winner['verdict']['reason']}); measuring the engine before")
         return {"winner": winner,
-                "gate_before": summary(ctx.measure_reference(), ctx.measure_engine(), ctx.long_generations())}
+                "gate_before": summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations(),
+                                       invariance=ctx.batch_invariance())}
 
     def commit(self, state: TuneState) -> dict[str, Any]:
         ctx, w = self.ctx, state["winner"]
@@ -258,7 +259,8 @@ class Nodes:
             stored = events["gate"]["detail"]
             result = GateResult(**{k: stored[k] for k in GateResult.__dataclass_fields__ if k in stored})
         else:
-            after = summary(ctx.measure_reference(), ctx.measure_engine(), ctx.long_generations())
+            after = summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations(),
+                            invariance=ctx.batch_invariance())
             rounds = ctx.gate.speed_rounds
             ctx.progress(f"end-to-end gate: tokens/s before and after, {rounds} alternated rounds")
             # The registry without the winner is its commit's parent; the two are served alternately.

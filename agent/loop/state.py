@@ -33,6 +33,10 @@ class GateConfig:
     runaway_prompts: int = 3
     runaway_sampling: tuple[int | None, ...] = (None, 1234)
     runaway_repeats: int = 12    # back-to-back repeats of an n-gram that count as a loop
+    # Batch invariance (agent/invariance.py): every prompt decoded `invariance_tokens` greedily alone, in a
+    # batch of `invariance_batch` requests and with a prefix-cache hit, before and after.
+    invariance_tokens: int = 16  # 0 turns the check off
+    invariance_batch: int = 16
 
 
 @dataclass(frozen=True)

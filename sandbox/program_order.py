@@ -63,5 +63,12 @@ def uses_atomics(source: str | None) -> bool:
 
 
 def race_orders(seed: int, atomics: bool) -> tuple[int, ...]:
-    """The orders a battery call is replayed in, drawn from its trial's seed: one, several with atomics."""
-    return tuple((seed * 0x9E3779B1 + 0x7F4A7C15 * i) & 0x7FFFFFFF for i in range(ATOMIC_ORDERS if atomics else 1))
+    """The orders a battery call is replayed in, drawn from its trial's seed: one, several with atomics.
+    Hashed, so an order seed shown in a verdict tells nothing about the trial's (secret) input seed."""
+    import hashlib
+
+    def order(i: int) -> int:
+        digest = hashlib.blake2b(f"program order {seed} {i}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+    return tuple(order(i) for i in range(ATOMIC_ORDERS if atomics else 1))

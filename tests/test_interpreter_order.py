@@ -47,3 +47,12 @@ def test_the_interpreter_is_left_as_it_was_when_a_launch_raises() -> None:
         raise RuntimeError("boom")
     assert "set_grid_idx" not in vars(interpreter_builder) and "set_grid_dim" not in vars(interpreter_builder)
     assert _arrivals((4, 1)) == [0, 1, 2, 3]
+
+
+def test_order_seeds_are_hashed_from_the_trial_seed() -> None:
+    from kernelloop.sandbox.program_order import ATOMIC_ORDERS, race_orders
+
+    one, three = race_orders(12345, False), race_orders(12345, True)
+    assert len(one) == 1 and len(three) == ATOMIC_ORDERS == len(set(three)) and three[0] == one[0]
+    assert race_orders(12345, False) == one and race_orders(12346, False) != one  # seeded, not random
+    assert all(0 <= s < 1 << 31 for s in three)

@@ -146,7 +146,7 @@ def test_sandbox_battery_steps_count_trials_against_the_correctness_deadline(tmp
     shape = dict(spec.test_shapes[0])
     plan = {"trials": [{"shape": shape, "variant": {}, "dtype": "float32", "seed": i, "determinism": False}
                        for i in range(5)], "timing": None}
-    child = SimpleNamespace(send_call=lambda args, config=None: None, start_replay=lambda record, inputs: None, isolation={})
+    child = SimpleNamespace(send_call=lambda args, config=None: None, start_replay=lambda record, inputs, order=None: None, isolation={})
 
     class Battery(Sandbox):  # the judge's loop, with fake children: the candidate fails its 3rd trial
         def __init__(self) -> None:

@@ -185,3 +185,20 @@ def test_tune_records_a_verdict_for_each_odd_candidate_and_resumes_past_a_kill(t
         # judged once each, except the candidate whose check was killed (judged again on resume)
         assert sorted(calls) == sorted([*ODD_SOURCES, "surrogate"])
         assert unfinished_run(ctx, "rmsnorm") is None  # nothing left to resume: it does not stop again
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_as_itself(tmp_path: Path) -> None:
+    """A kill between the run's record and the graph's first checkpoint left two runs on resume (the old
+    one failed with 'no checkpoint to resume', a new one started): CI caught it as a flaky kill test."""
+    with History(tmp_path / "history.db") as history:
+        run_id = history.start_run("tune", "rmsnorm")  # what the killed process had written
+        ctx = _context(tmp_path, history)
+        ctx.proposers = {"odd": Odd()}
+        messages: list[str] = []
+        ctx.progress = messages.append
+        assert unfinished_run(ctx, "rmsnorm") == run_id
+        state = run_tune(SETTINGS, ctx, resume=run_id)
+        ctx.close()
+        runs = history.runs(limit=10)
+        assert [r["id"] for r in runs] == [run_id] and runs[0]["status"] == state["status"] != "running"
+        assert any(f"restarting tune run {run_id}" in m for m in messages)

@@ -101,6 +101,9 @@ def run_tune(settings: TuneSettings, ctx: LoopContext, resume: int | None = None
                 op = (snapshot.values or {}).get("op") or "target not chosen yet"
                 ctx.progress(f"resuming tune run {resume} ({op}, at {snapshot.next[0]}); --restart abandons it")
                 return graph.invoke(None, config, durability="sync")
+            if not snapshot.values:  # killed before its first checkpoint: start it again, as itself
+                ctx.progress(f"restarting tune run {resume}: it was stopped before its first step")
+                return graph.invoke({"run_id": resume, "op": settings.op or ""}, config, durability="sync")
             ctx.history.finish_run(resume, "failed", {"reason": "no checkpoint to resume"})
         run_id = ctx.history.start_run("tune", settings.op)
         config = {"configurable": {"thread_id": f"tune-{run_id}"}, "recursion_limit": RECURSION_LIMIT}

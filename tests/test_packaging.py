@@ -148,6 +148,22 @@ def test_kernelloop_runs_next_to_hugging_faces_kernels_package(tmp_path):
     assert listed.returncode == 0 and "rmsnorm" in listed.stdout, listed.stderr[-2000:]
 
 
+def test_inside_the_checkout_kernels_still_means_hugging_faces_package():
+    pytest.importorskip("kernels", reason="the dev extra installs Hugging Face's `kernels` package")
+    # pytest and `python -m` put the checkout's root first on sys.path, where kernels/ is ours; transformers
+    # imports the hub's names from `kernels` whenever the hub is installed (a version in its range).
+    code = ("import sys; sys.path.insert(0, '')\n"
+            "import kernels\n"
+            "from kernels import get_kernel\n"
+            "import kernelloop.kernels.ops as ops\n"
+            "print(kernels.__file__); print(ops.__file__)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    hub, ours = result.stdout.split()
+    assert Path(hub).resolve() != REPO / "kernels" / "__init__.py" and "site-packages" in hub
+    assert Path(ours).resolve() == REPO / "kernels" / "ops" / "__init__.py"
+
+
 def test_an_uninstalled_source_tree_imports_from_its_folders():
     # A GPU machine is handed the working tree, not an installed package: `python -m bench.x` from the
     # repository root must still find kernelloop.<layer> in the top-level folders.

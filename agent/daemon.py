@@ -3,7 +3,9 @@
 SIGTERM (or SIGINT) asks it to stop: the tune in progress stops at its next step boundary (its
 checkpoint is already written, so the next start resumes it), a sleep ends at once, and the
 process exits 0. A crash is the same as a stop without the courtesy: the next start resumes.
-`/metrics` serves Prometheus text while it runs.
+`/metrics` serves Prometheus text while it runs. With an `auditor` (agent/auditor.py), the daemon runs the
+shadow audit of the engine's live traffic every `audit_every_s` while it sleeps between runs (and, with
+`tune=False`, does nothing else): a commit that breaches is rolled back there.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class DaemonMetrics:
     runs: dict[str, int] = field(default_factory=dict)
     last_run_at: float = 0.0
     last_op: str = ""
+    audits: int = 0
+    audit_rollbacks: int = 0
 
     def render(self) -> str:
         lines = ["# TYPE kernelloop_daemon_up gauge", "kernelloop_daemon_up 1",
@@ -42,7 +46,10 @@ class DaemonMetrics:
         lines += ["# TYPE kernelloop_daemon_runs_total counter"]
         lines += [f'kernelloop_daemon_runs_total{{status="{k}"}} {v}' for k, v in sorted(self.runs.items())]
         lines += ["# TYPE kernelloop_daemon_last_run_timestamp_seconds gauge",
-                  f"kernelloop_daemon_last_run_timestamp_seconds {self.last_run_at:.0f}"]
+                  f"kernelloop_daemon_last_run_timestamp_seconds {self.last_run_at:.0f}",
+                  "# TYPE kernelloop_daemon_audits_total counter", f"kernelloop_daemon_audits_total {self.audits}",
+                  "# TYPE kernelloop_daemon_audit_rollbacks_total counter",
+                  f"kernelloop_daemon_audit_rollbacks_total {self.audit_rollbacks}"]
         return "\n".join(lines) + "\n"
 
 
@@ -66,8 +73,10 @@ def serve_metrics(metrics: DaemonMetrics, port: int, host: str = "127.0.0.1") ->
 
 class Daemon:
     def __init__(self, ctx: LoopContext, settings: TuneSettings, *, interval_s: float, max_runs: int | None,
-                 max_seconds: float | None, metrics: DaemonMetrics) -> None:
+                 max_seconds: float | None, metrics: DaemonMetrics, auditor: Any = None,
+                 audit_every_s: float = 60.0, tune: bool = True) -> None:
         self.ctx, self.settings = ctx, settings
+        self.auditor, self.audit_every_s, self.tune = auditor, audit_every_s, tune
         self.interval_s, self.max_runs, self.max_seconds = interval_s, max_runs, max_seconds
         self.metrics = metrics
         self._stop = threading.Event()
@@ -100,9 +109,43 @@ class Daemon:
             return True
         return False
 
+    def audit(self) -> None:
+        """One shadow-audit poll; a failure is logged, never fatal (the engine may be restarting)."""
+        try:
+            result = self.auditor.poll()
+        except Exception as exc:  # noqa: BLE001  the daemon outlives a bad poll
+            log.error("shadow audit failed: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        self.metrics.audits += 1
+        self.metrics.audit_rollbacks += len(result.rolled_back)
+        for rolled in result.rolled_back:
+            log.warning("shadow audit rolled back %s: %s", rolled["commit"][:10], rolled["reason"])
+        if result.scored:
+            log.info("shadow audit scored %d requests", result.scored)
+
+    def sleep(self, seconds: float, until: float | None = None) -> None:
+        """Wait `seconds` (or until the monotonic time `until`, if sooner), auditing every audit_every_s."""
+        deadline = time.monotonic() + seconds
+        if until is not None:
+            deadline = min(deadline, until)
+        while not self._stop.is_set():
+            if self.auditor is not None:
+                self.audit()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            wait = min(left, self.audit_every_s) if self.auditor is not None else left
+            self._stop.wait(None if wait == float("inf") else wait)
+
     def run(self) -> int:
         """Tune until stopped or out of budget; returns the number of runs that finished."""
         started, finished = time.monotonic(), 0
+        if not self.tune:
+            self.metrics.state = "sleeping"
+            until = started + self.max_seconds if self.max_seconds is not None else None
+            self.sleep(float("inf"), until)
+            self.metrics.state = "stopping"
+            return 0
         while not self._stop.is_set() and not self._budget_spent(started, finished):
             self.metrics.state = "tuning"
             try:
@@ -118,6 +161,6 @@ class Daemon:
             if self._budget_spent(started, finished):
                 break
             self.metrics.state = "sleeping"
-            self._stop.wait(self.interval_s)
+            self.sleep(self.interval_s)
         self.metrics.state = "stopping"
         return finished

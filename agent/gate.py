@@ -14,6 +14,10 @@ in float64 (Engine.logits_hook), and KL(reference || engine) is averaged over po
     no new runaway in long generations                 (agent/runaway.py: a few prompts, greedy and seeded
                                                         sampling, `runaway_tokens` long; an n-gram repeated
                                                         back to back past `runaway_repeats` after, not before)
+    task accuracy not confidently lower                (agent/task_audit.py: a suite of agent-shaped tasks,
+                                                        JSON, tool calls, a 15-step trace, answered greedily;
+                                                        fails when the whole interval of after/before accuracy
+                                                        is below 1 - task_tolerance)
     tokens/s not slower: the 95% interval of after/before (median over alternated rounds) reaches
     1 - tps_tolerance
 
@@ -36,6 +40,7 @@ import torch
 from kernelloop.agent.loop.state import GateConfig
 from kernelloop.agent.invariance import invariance_rows
 from kernelloop.agent.runaway import PromptLoops, new_loops
+from kernelloop.agent.task_audit import TaskComparison, compare
 from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.stats import median_interval
 
@@ -63,6 +68,7 @@ class GateResult:
     speed_rounds: int = 0
     runaway: list[dict[str, Any]] = field(default_factory=list)  # per long generation: agent/runaway.py PromptLoops
     invariance: list[dict[str, Any]] = field(default_factory=list)  # per prompt: agent/invariance.py rows
+    tasks: dict[str, Any] | None = None  # agent/task_audit.py TaskComparison, when the audit ran
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,11 +81,18 @@ class HasTokenizer(Protocol):
 def prompt_ids(engine: HasTokenizer, prompts: tuple[str, ...]) -> list[list[int]]:
     """The gate prompts as token ids (chat-templated when the model has a template), by the tokenizer of
     `engine` (an Engine, or a LocalEngine handle)."""
+    if engine.tokenizer.chat_template is not None:
+        return [chat_ids(engine, [{"role": "user", "content": p}]) for p in prompts]
+    return [engine.tokenizer.encode(p) for p in prompts]
+
+
+def chat_ids(engine: HasTokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation as token ids the way the engine serves a chat request (the model's chat template); a
+    model without one gets "role: content" lines and "assistant:", as a completion prompt."""
     tok = engine.tokenizer
     if tok.chat_template is not None:
-        return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-                for p in prompts]
-    return [tok.encode(p) for p in prompts]
+        return tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+    return tok.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:")
 
 
 def alternate_speed(measure_at: Callable[[str, bool], float], before: str, after: str, rounds: int,
@@ -115,7 +128,8 @@ def mean_kl(reference: Measurement, other: Measurement) -> float:
 
 def summary(reference: Measurement, measured: Measurement, **checks: dict[str, Any] | None) -> dict[str, Any]:
     """What the gate keeps of one measurement (plain JSON, so a checkpoint can hold it), with the checks'
-    data when taken: `long` (LoopContext.long_generations), `invariance` (LoopContext.batch_invariance).
+    data when taken: `long` (LoopContext.long_generations), `invariance` (LoopContext.batch_invariance),
+    `tasks` (LoopContext.task_audit).
     Its speed is judged from `alternate_speed()`, not from this one figure."""
     kept = {"greedy": measured.greedy, "kl": mean_kl(reference, measured)}
     return {**kept, **{name: data for name, data in checks.items() if data is not None}}
@@ -129,9 +143,18 @@ def runaway_rows(before: dict[str, Any], after: dict[str, Any], config: GateConf
     return new_loops(b["outputs"], a["outputs"], a["sampling"], config.runaway_repeats)
 
 
+def task_comparison(before: dict[str, Any], after: dict[str, Any], config: GateConfig) -> TaskComparison | None:
+    """The task audit's comparison, when both summaries hold an audit of the same suite; else none."""
+    b, a = before.get("tasks"), after.get("tasks")
+    if not b or not a or b["suite"] != a["suite"] or b["ids"] != a["ids"]:
+        return None
+    return compare(b, a, config.task_tolerance)
+
+
 def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], config: GateConfig) -> GateResult:
-    """Compare two `summary()`s and an `alternate_speed()`: greedy tokens identical, KL not grown past
-    the margin, tokens/s not confidently slower."""
+    """Compare two `summary()`s and an `alternate_speed()`, in this order: greedy tokens identical, KL not
+    grown past the margin, no new batch divergence, no new runaway, task accuracy not confidently lower,
+    tokens/s not confidently slower."""
     kl_before, kl_after = before["kl"], after["kl"]
     tps_before, tps_after = median(speed["before"]), median(speed["after"])
     lo, hi = speed["interval"]
@@ -145,6 +168,8 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
     both = before.get("invariance") and after.get("invariance")
     result.invariance = invariance_rows(before["invariance"], after["invariance"]) if both else []
     diverged = [row for row in result.invariance if row["new"]]
+    tasks = task_comparison(before, after, config)
+    result.tasks = tasks.to_json() if tasks is not None else None
     if not same:
         diff = next(i for i, (a, b) in enumerate(zip(after["greedy"], before["greedy"])) if a != b)
         result.ok, result.reason = False, f"greedy output of prompt {diff} changed ({config.prompts[diff]!r})"
@@ -158,6 +183,8 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
     elif runaways:
         result.ok, result.reason = False, (f"runaway: {runaways[0].describe()}"
                                            + (f"; {len(runaways) - 1} more" if len(runaways) > 1 else ""))
+    elif tasks is not None and tasks.failed:
+        result.ok, result.reason = False, f"tasks: {tasks.describe()} (tolerance {config.task_tolerance:g})"
     elif hi < 1 - config.tps_tolerance:
         result.ok, result.reason = False, (f"tokens/s dropped: {tps_before:.1f} -> {tps_after:.1f}, after/before "
                                            f"{speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds}")
@@ -165,6 +192,8 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
         no_loops = f"no new loop in {len(loops)} long generations; " if loops else ""
         if result.invariance:
             no_loops = f"no new batch divergence in {len(result.invariance)} prompts; " + no_loops
+        if tasks is not None:
+            no_loops += f"tasks {tasks.describe()}; "
         result.reason = (f"greedy outputs unchanged; KL {kl_before:.2e} -> {kl_after:.2e} nats; {no_loops}tokens/s "
                          f"{tps_before:.1f} -> {tps_after:.1f} ({speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds})")
     return result

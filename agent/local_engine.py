@@ -14,6 +14,7 @@ from kernelloop.agent.gate import Measurement
 from kernelloop.agent.loop.state import GateConfig
 from kernelloop.engine import gate_invariance, gate_measure
 from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.teacher_force import TeacherForced, served_logprobs
 from kernelloop.engine.tokenizer import Tokenizer
 from kernelloop.kernels.progress import Progress
 from kernelloop.profiler.inprocess import profile_engine
@@ -61,6 +62,11 @@ class LocalEngine:
 
     def invariance(self, prompt_ids: list[list[int]], max_tokens: int, batch: int) -> dict[str, Any]:
         return gate_invariance.probe(self.engine, prompt_ids, max_tokens, batch)
+
+    def served_logprobs(self, prompt_ids: list[int], served_ids: list[int]) -> TeacherForced:
+        """This engine's log-distributions at each of `served_ids` after `prompt_ids` (one forward;
+        the shadow audit's reference side)."""
+        return served_logprobs(self.engine, prompt_ids, served_ids)
 
     def close(self) -> None:
         self._engine = None

@@ -26,6 +26,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", default=None, choices=("reference", "baseline", "registry"),
                    help="reference torch ops (CPU default), baseline Triton kernels, or the registry's (GPU default)")
     p.add_argument("--registry", default=None, metavar="PATH", help="kernel registry (with --kernels registry)")
+    p.add_argument("--fallback", default="baseline", choices=("baseline", "reference"),
+                   help="with --kernels registry, what serves an op no registry entry covers: its baseline Triton "
+                        "kernel (default) or the torch reference (fast on CPU, where Triton is interpreted)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="serve only batch-invariant kernel variants: a request decodes the same tokens alone, in any "
+                        "batch and from the prefix cache (slower where no invariant registry kernel exists; /metrics "
+                        "lists those fallbacks)")
     p.add_argument("--kv-cache-mb", type=int, default=None,
                    help="KV cache budget in MiB (default: 256 on CPU, 85%% of free GPU memory)")
     p.add_argument("--max-model-len", type=int, default=None, metavar="N",
@@ -70,8 +77,11 @@ def engine_config(args: argparse.Namespace):
     kernels = args.kernels or ("registry" if device == "cuda" else "reference")
     if args.registry and kernels != "registry":
         raise KernelloopError("--registry is only used with --kernels registry")
+    if args.fallback != "baseline" and kernels != "registry":
+        raise KernelloopError("--fallback is only used with --kernels registry")
     return EngineConfig(
         model=args.model, device=device, dtype=args.dtype, kernels=kernels, registry=args.registry,
+        fallback=args.fallback, deterministic=args.deterministic,
         kv_cache_bytes=args.kv_cache_mb << 20 if args.kv_cache_mb else None, max_context=args.max_model_len,
         prefix_cache=not args.no_prefix_cache,
         scheduler=SchedulerConfig(max_running_requests=args.max_running),
@@ -84,17 +94,20 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from kernelloop.engine.audit_queue import AuditQueue
     from kernelloop.engine.engine import Engine
     from kernelloop.engine.loop import EngineLoop
     from kernelloop.engine.model_source import KNOWN_MODELS
     from kernelloop.engine.server import create_app
 
+    if not 0.0 <= args.audit_rate <= 1.0:
+        raise KernelloopError(f"--audit-rate must be between 0 and 1, not {args.audit_rate}")
     engine = Engine(engine_config(args))
     # A known model answers to the name it was asked by (`--model smollm2`), a directory to its own name.
     known = args.model and args.model.lower() in KNOWN_MODELS
     names = args.served_model_name or [args.model.lower() if known else engine.model_dir.name]
     loop = EngineLoop(engine, stream_interval=args.stream_interval)
-    server = uvicorn.Server(uvicorn.Config(create_app(loop, names), host=args.host, port=args.port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(loop, names, audit=AuditQueue(args.audit_rate)), host=args.host, port=args.port, log_level="warning"))
     # The engine steps on the main thread (faster on CPU), the HTTP server's event loop in a thread;
     # uvicorn installs no signal handlers outside the main thread, so SIGTERM is handled here.
     http = threading.Thread(target=server.run, name="http", daemon=True)
@@ -150,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model ids the API answers to, one or more (default: the directory name); "
                         "/v1/models lists them all, responses echo the one asked for")
+    p.add_argument("--audit-rate", type=float, default=0.01, metavar="R",
+                   help="share of finished requests sampled for the shadow audit (`agent audit`, `agent daemon`) "
+                        "to re-score with the float32 reference (default 0.01; 0: off)")
     p.set_defaults(run=serve)
     p = sub.add_parser("generate", help="complete one prompt and print the text")
     add_engine_args(p)

@@ -50,6 +50,8 @@ class EngineConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     kernels: str = "reference"  # reference | baseline | registry
     registry: str | None = None  # registry path (kernels=registry); None: the default registry
+    fallback: str = "baseline"  # baseline | reference: what serves an op no registry entry covers
+    deterministic: bool = False  # only batch-invariant kernel variants (kernels/deterministic.py)
     kv_cache_bytes: int | None = None  # None: 256 MiB on CPU, 85% of free memory on a GPU
     max_context: int | None = None  # None: the model's max positions, at most 8192
     prefix_cache: bool = True
@@ -87,7 +89,8 @@ class Engine:
         else:
             load_weights(self.model, self.model_dir)
         registry = Registry(config.registry) if config.kernels == "registry" else None
-        self.kernels = Dispatcher(config.kernels, registry=registry, device=config.device)
+        self.kernels = Dispatcher(config.kernels, registry=registry, device=config.device,
+                                  fallback=config.fallback, deterministic=config.deterministic)
         sched = config.scheduler
         num_slots = self._kv_slots()
         # The most tokens one request can have (prompt + output): /v1/models reports it.
@@ -98,7 +101,9 @@ class Engine:
         self.cache = RadixCache(self.allocator.free, disabled=not config.prefix_cache)
         self.scheduler = Scheduler(sched, self.allocator, self.rows, self.cache)
         self.sampler = Sampler()
-        self.graphs = self._capture_graphs() if self.device.type == "cuda" and config.cuda_graphs else None
+        # Deterministic mode's row-by-row variants read request lengths on the host: not capturable.
+        graphs = self.device.type == "cuda" and config.cuda_graphs and not config.deterministic
+        self.graphs = self._capture_graphs() if graphs else None
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()

@@ -44,4 +44,12 @@ def render_metrics(loop: "EngineLoop") -> str:
            "(registry entry, baseline, reference) since the last kernel reload.", demoted)
     metric("kernel_registry_error", "gauge", "1 when the kernel registry could not be read (baselines in use).",
            [("", 1 if engine.kernels.registry_error else 0)])
+    kd = engine.kernels
+    metric("deterministic", "gauge", "1 when only batch-invariant kernel variants serve (engine serve --deterministic).",
+           [("", 1 if kd.deterministic else 0)])
+    fallbacks = [(f'{{op="{op}",shape="{_escape(where)}",variant="{_escape(name)}"}}', 1)
+                 for op, uses in kd.deterministic_fallbacks().items() for where, name in sorted(uses.items())]
+    metric("deterministic_fallback", "gauge", "Deterministic mode: ops and shapes no batch-invariant registry kernel "
+           "serves, and the invariant variant serving instead (baseline, reference, or rowwise: the reference a row "
+           "at a time).", fallbacks)
     return "\n".join(lines) + "\n"

@@ -125,6 +125,7 @@ class _Common(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = None  # {"type": "json_object" | "json_schema" | "text"}: audited, not enforced
 
     def sampling(self, logprobs: int | None, default_max_tokens: int) -> SamplingParams:
         if self.n != 1:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
@@ -28,7 +28,8 @@ from kernelloop.engine.loop import EngineLoop, merge_outputs, next_output
 from kernelloop.engine.metrics import render_metrics
 from kernelloop.engine.openai_api import (APIError, Body, ChatReply, ChatRequest, CompletionReply, CompletionRequest, new_id,
                                parse_body, parse_request, usage, validation_error)
-from kernelloop.engine import gate_endpoint, reload_endpoint
+from kernelloop.engine import audit_endpoint, gate_endpoint, reload_endpoint
+from kernelloop.engine.audit_queue import AuditQueue
 from kernelloop.engine.profiling import StepProfiler
 from kernelloop.engine.sampling import InvalidSamplingParams, SamplingParams
 
@@ -102,19 +103,23 @@ async def until_disconnected(http: HTTPRequest) -> None:
 
 
 async def answer(loop: EngineLoop, http: HTTPRequest, body: CompletionRequest | ChatRequest, ids: list[int],
-                 params: SamplingParams, reply: CompletionReply | ChatReply) -> Response | dict[str, Any]:
-    """Run one completion (or chat) request: an event stream of `reply` chunks, or `reply` whole."""
+                 params: SamplingParams, reply: CompletionReply | ChatReply,
+                 audit: AuditQueue | None = None) -> Response | dict[str, Any]:
+    """Run one completion (or chat) request: an event stream of `reply` chunks, or `reply` whole; a finished
+    request is offered to the shadow audit's queue (`audit`)."""
     try:
         rid, queue = await loop.submit(ids, params, stream=body.stream)
     except InvalidRequest as exc:
         raise APIError(400, str(exc), param="prompt") from None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(events(loop, rid, queue, reply, len(ids), include_usage),
+        done = lambda out, tokens, logprobs: audit_endpoint.sample(audit, loop.engine, body, ids, out, tokens, logprobs)
+        return StreamingResponse(events(loop, rid, queue, reply, len(ids), include_usage, done),
                                  media_type="text/event-stream")
     out = await finished(loop, rid, queue, http)
     if out is None:
         return Response(status_code=499)  # nobody is left to read it
+    audit_endpoint.sample(audit, loop.engine, body, ids, out)
     return reply.whole(out, usage(len(ids), len(out.token_ids)))
 
 
@@ -143,16 +148,22 @@ async def finished(loop: EngineLoop, rid: str, queue: asyncio.Queue, http: HTTPR
 
 
 async def events(loop: EngineLoop, rid: str, queue: asyncio.Queue, reply: CompletionReply | ChatReply,
-                 prompt_tokens: int, include_usage: bool) -> AsyncIterator[str]:
-    """A streamed request's server-sent events; the request is aborted if the client goes away."""
-    tokens, out = 0, None
+                 prompt_tokens: int, include_usage: bool,
+                 done: Callable[[StepOutput, list[int], list], None] | None = None) -> AsyncIterator[str]:
+    """A streamed request's server-sent events; the request is aborted if the client goes away. `done(last
+    output, all token ids, all logprobs)` runs once it finishes."""
+    tokens, out, ids, logprobs = 0, None, [], []
     try:
         while True:
             out = await next_output(queue)
             tokens += len(out.token_ids)
+            ids += out.token_ids
+            logprobs += out.logprobs
             yield f"data: {json.dumps(reply.chunk(out))}\n\n"
             if out.finished:
                 break
+        if done is not None:
+            done(out, ids, logprobs)
         if include_usage:
             yield f"data: {json.dumps(reply.usage_chunk(usage(prompt_tokens, tokens)))}\n\n"
         yield "data: [DONE]\n\n"
@@ -161,9 +172,11 @@ async def events(loop: EngineLoop, rid: str, queue: asyncio.Queue, reply: Comple
             loop.abort(rid)  # free its KV
 
 
-def create_app(loop: EngineLoop, model_names: str | Sequence[str], max_body_bytes: int | None = None) -> FastAPI:
+def create_app(loop: EngineLoop, model_names: str | Sequence[str], max_body_bytes: int | None = None,
+               audit: AuditQueue | None = None) -> FastAPI:
     """`model_names`: the model ids the API answers to (the first is the main one);
-    `max_body_bytes`: larger request bodies get 413 (default MAX_BODY_BYTES)."""
+    `max_body_bytes`: larger request bodies get 413 (default MAX_BODY_BYTES); `audit`: the shadow audit's
+    queue of sampled finished requests (default: an empty one, rate 0)."""
     app = FastAPI(title="kernelloop engine")
     app.add_middleware(HTTPGuard, max_body_bytes=MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes)
     engine = loop.engine
@@ -173,6 +186,8 @@ def create_app(loop: EngineLoop, model_names: str | Sequence[str], max_body_byte
     token_bytes = TokenBytes(engine.tokenizer)
     profiler = StepProfiler(loop)
     gate_lock = asyncio.Lock()
+    audit = audit if audit is not None else AuditQueue(0.0)
+    app.include_router(audit_endpoint.router(audit))
 
     def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
@@ -252,7 +267,7 @@ def create_app(loop: EngineLoop, model_names: str | Sequence[str], max_body_byte
         else:
             ids = list(prompt)
         reply = CompletionReply(new_id("cmpl"), model_name, params.logprobs is not None, token_text)
-        return await answer(loop, http, body, ids, params, reply)
+        return await answer(loop, http, body, ids, params, reply, audit)
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
@@ -263,11 +278,12 @@ def create_app(loop: EngineLoop, model_names: str | Sequence[str], max_body_byte
         params = sampling(body, body.logprob_count())
         ids = await asyncio.to_thread(chat_prompt_ids, body)
         reply = ChatReply(new_id("chatcmpl"), model_name, params.logprobs is not None, token_text, token_bytes)
-        return await answer(loop, http, body, ids, params, reply)
+        return await answer(loop, http, body, ids, params, reply, audit)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         snapshot = await loop.call(lambda: render_metrics(loop))
+        snapshot += "\n".join(audit.metrics_lines()) + "\n"
         return PlainTextResponse(snapshot, media_type="text/plain; version=0.0.4")
 
     @app.post("/kernels/reload")

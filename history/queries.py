@@ -16,7 +16,7 @@ import sqlite_utils
 
 from kernelloop.history.db import HistoryError
 
-BOOL_COLUMNS = ("correct", "accepted", "partial", "ok")
+BOOL_COLUMNS = ("correct", "accepted", "partial", "ok", "loop", "json_asked", "json_valid")
 JSON_COLUMNS = {"shapes_json": "shapes", "detail_json": "detail"}
 
 
@@ -185,3 +185,15 @@ class Queries:
         """Agent runs (of `command` only, when given), newest first, with `detail` parsed."""
         return self._rows("SELECT * FROM agent_runs WHERE (:command IS NULL OR command = :command)"
                           " ORDER BY id DESC LIMIT :limit", {"command": command, "limit": int(limit)})
+
+    def audit_samples(self, commit: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Shadow-audit scores (of registry `commit` only, when given), the newest `limit` (all when None),
+        oldest first."""
+        rows = self._rows("SELECT * FROM audit_samples WHERE (:commit IS NULL OR commit_sha = :commit)"
+                          " ORDER BY id DESC LIMIT :limit", {"commit": commit, "limit": -1 if limit is None else int(limit)})
+        return rows[::-1]
+
+    def audit_cursor(self, instance: str) -> int:
+        """The next seq to read from the engine audit queue `instance` (0 when none was audited)."""
+        rows = self._rows("SELECT max(seq) AS seq FROM audit_samples WHERE instance = ?", [instance])
+        return 0 if not rows or rows[0]["seq"] is None else int(rows[0]["seq"]) + 1

@@ -16,6 +16,7 @@ from kernelloop.history import charts
 from kernelloop.history.charts import INTERPRETER, format_pct
 from kernelloop.history.db import now_iso
 from kernelloop.history.queries import attempt_time, outcome
+from kernelloop.history.report_audit import AUDIT_ROWS, audit_section
 from kernelloop.history.store import History
 from kernelloop.kernels.display import safe_text
 
@@ -55,6 +56,7 @@ class ReportData:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # registry events, oldest first
     runs: list[dict[str, Any]] = field(default_factory=list)    # tune runs, newest first
+    audit: list[dict[str, Any]] = field(default_factory=list)   # shadow-audit scores, oldest first
 
     @property
     def accepted_counts(self) -> dict[str, int]:
@@ -71,7 +73,7 @@ def collect(hist: History | None, source: str = "") -> ReportData:
     return ReportData(source=source or str(hist.path), profile=hist.latest_profile(),
                       accepted=hist.accepted_over_time(), rejections=hist.rejection_counts(),
                       attempts=hist.attempts(limit=ATTEMPT_ROWS), events=hist.registry_events(limit=ALL_EVENTS)[::-1],
-                      runs=hist.runs(limit=RUN_ROWS, command="tune"))
+                      runs=hist.runs(limit=RUN_ROWS, command="tune"), audit=hist.audit_samples(limit=AUDIT_ROWS))
 
 
 def _e(value: Any) -> str:
@@ -192,12 +194,13 @@ def _gates_table(events: list[dict[str, Any]]) -> str:
                      _result(d.get("ok", g.get("ok"))), "" if greedy is None else "yes" if greedy else "no",
                      f"{_num(d.get('kl_before'), '{:.3g}')} → {_num(d.get('kl_after'), '{:.3g}')}",
                      f"{_num(d.get('tps_before'), '{:.3g}')} → {_num(d.get('tps_after'), '{:.3g}')}", _e(ratio),
-                     _e(_divergences(d.get("invariance"))), _e(_loops(d.get("runaway"))), _e(d.get("speed_rounds")),
+                     _e(_divergences(d.get("invariance"))), _e(_loops(d.get("runaway"))), _e(_tasks(d.get("tasks"))),
+                     _e(d.get("speed_rounds")),
                      _e(d.get("reason"))))
     return _table(("time (UTC)", "op", "entry", "device", "result", "greedy same", "KL before → after",
                    "tokens/s before → after", "tokens/s ratio [95% interval]", "batch invariance (alone, batch, cache hit)",
-                   "runaway (longest loop before → after)", "rounds", "reason"), rows, numeric=(6, 7, 8, 11),
-                  raw=tuple(range(13)))
+                   "runaway (longest loop before → after)", "tasks (accuracy before → after)", "rounds", "reason"),
+                  rows, numeric=(6, 7, 8, 12), raw=tuple(range(14)))
 
 
 def _divergences(rows: list[dict[str, Any]] | None) -> str:
@@ -209,6 +212,16 @@ def _divergences(rows: list[dict[str, Any]] | None) -> str:
     head = (f"{len(new)} new: prompt {new[0]['prompt']} {new[0]['after']}" if new
             else f"none new ({len(rows)} prompts)")
     return head + (f"; {old} diverged before" if old else "")
+
+
+def _tasks(tasks: dict[str, Any] | None) -> str:
+    """The gate's task audit in one cell: passes before → after over the items scored both times, the interval."""
+    if not tasks:
+        return "-"
+    pairs = [(b, a) for b, a in zip(tasks["before"], tasks["after"]) if b is not None and a is not None]
+    lo, hi = tasks["interval"]
+    return (f"{sum(b for b, _ in pairs)}/{len(pairs)} → {sum(a for _, a in pairs)}/{len(pairs)} "
+            f"[{lo:.2f}, {hi:.2f}]" + (f", {tasks['skipped']} skipped" if tasks.get("skipped") else ""))
 
 
 def _loops(rows: list[dict[str, Any]] | None) -> str:
@@ -252,7 +265,7 @@ def render(data: ReportData) -> str:
         _figure("Percent of roofline per op", lambda: charts.roofline(p), "percent of roofline per op", pbadge),
         _figure("Attempts and rejection reasons per op",
                 lambda: charts.attempts_by_op(data.accepted_counts, data.rejections), "verdicts per op by outcome"),
-        "<h2>End-to-end gate results</h2>", _gates_table(data.events),
+        "<h2>End-to-end gate results</h2>", _gates_table(data.events), audit_section(data.audit, data.events),
         f"<h2>Registry events (last {EVENT_ROWS})</h2>", _events_table(data.events),
         f"<h2>Tune runs (last {RUN_ROWS})</h2>", _runs_table(data.runs),
         f"<h2>Latest profile rows{pbadge}</h2>", _profile_table(p),

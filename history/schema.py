@@ -72,8 +72,20 @@ def _v3_candidate_label(db: sqlite_utils.Database) -> None:
     db["candidates"].add_column("label", str)
 
 
+def _v4_audit_samples(db: sqlite_utils.Database) -> None:
+    """v4: audit_samples, one row per served request the shadow audit re-scored (agent/auditor.py): the
+    registry commit that served it, the engine queue it came from (instance, seq: the auditor's cursor)."""
+    db["audit_samples"].create({
+        "id": int, "created_at": str, "commit_sha": str, "engine": str, "instance": str, "seq": int,
+        "request_id": str, "tokens": int, "agreement": float, "kl": float, "loop": int, "json_asked": int,
+        "json_valid": int, "finished_at": float,
+    }, pk="id")
+    db["audit_samples"].create_index(["commit_sha"])
+    db["audit_samples"].create_index(["instance", "seq"])
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_tables, _v2_full_text_search,
-                                                            _v3_candidate_label]
+                                                            _v3_candidate_label, _v4_audit_samples]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

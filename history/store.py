@@ -192,6 +192,18 @@ class History(queries.Queries):
         with self._write() as db:
             return self._insert(db, "registry_events", row)
 
+    def record_audit_sample(self, commit: str | None, score: Mapping[str, Any], *, engine: str = "",
+                            instance: str = "", seq: int | None = None, request_id: str | None = None,
+                            tokens: int | None = None, finished_at: float | None = None) -> int:
+        """Store one shadow-audit score (agent/shadow_audit.py Score.to_json()) of a request served by
+        registry `commit`; `instance`/`seq` locate it in the engine's audit queue. Returns its id."""
+        row = {"created_at": now_iso(), "commit_sha": commit or "", "engine": engine, "instance": instance, "seq": seq,
+               "request_id": request_id, "tokens": tokens, "agreement": score.get("agreement"), "kl": score.get("kl"),
+               "loop": _bool(score.get("loop")), "json_asked": _bool(score.get("json_asked")),
+               "json_valid": _bool(score.get("json_valid")), "finished_at": finished_at}
+        with self._write() as db:
+            return self._insert(db, "audit_samples", row)
+
     def start_run(self, command: str, op: str | None = None) -> int:
         """Mark the start of an agent command (status 'running'); returns the run id for finish_run."""
         with self._write() as db:

@@ -4,7 +4,8 @@
     y = kd.rmsnorm(x, weight, eps)
 
 Per (op, dispatch key) the variant is resolved once and cached: the registry's entry for
-(device, dtype, shape bucket), else the op's baseline Triton kernel, else the torch reference.
+(device, dtype, shape bucket), else the op's baseline Triton kernel, else the torch reference (`fallback="reference"` skips the
+baseline: a CPU engine then serves the fast torch reference wherever no registry entry applies).
 A variant that raises is demoted to the next in that chain for that key, and the call is retried;
 the demotion is logged and listed (`demotions`, shown by the engine's /metrics) until the next
 reload. A registry kernel is loaded as the judge loaded it (kernels/candidate/loader.py) and raises
@@ -13,6 +14,8 @@ memory demotes nothing: it is not the kernel's fault, and the caller decides.
 A registry kernel is never handed more tokens than its device's judge checked it at
 (`OpSpec.judged_tokens`: the scheduler's whole budget on a GPU, fewer on the CPU interpreter): a
 larger call goes to the baseline.
+With `deterministic`, only batch-invariant variants serve (kernels/deterministic.py); what serves in
+place of a registry entry is listed (`deterministic_fallbacks`, on /metrics).
 `reload()` re-reads the registry and swaps every op's cache in one assignment, so a call sees the
 old variants or the new ones, never a mix within one op.
 """
@@ -25,6 +28,7 @@ from typing import Any, Callable, ContextManager, Literal, Mapping
 
 import torch
 
+from kernelloop.kernels import deterministic as det
 from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.ops import OPS
@@ -38,6 +42,8 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMem
 
 Mode = Literal["reference", "baseline", "registry"]
 MODES: tuple[str, ...] = ("reference", "baseline", "registry")
+Fallback = Literal["baseline", "reference"]
+FALLBACKS: tuple[str, ...] = ("baseline", "reference")
 
 
 @dataclass(frozen=True)
@@ -124,16 +130,23 @@ class Dispatcher:
         registry: Registry | None = None,
         device: str = "cpu",
         ops: Mapping[str, OpSpec] = OPS,
+        fallback: Fallback = "baseline",
+        deterministic: bool = False,
     ):
         if mode not in MODES:
             raise ValueError(f"unknown kernel mode {mode!r}; expected one of {', '.join(MODES)}")
+        if fallback not in FALLBACKS:
+            raise ValueError(f"unknown fallback {fallback!r}; expected one of {', '.join(FALLBACKS)}")
         self.mode = mode
+        self.deterministic = deterministic
+        self.fallback = fallback  # what serves an op no registry entry covers: its baseline or the reference
         self.registry = registry if registry is not None else (Registry() if mode == "registry" else None)
         self.device = device_fingerprint(device)
         self.registry_error: str | None = None
         # Profiling hook: observer(spec, args) -> context manager around each call; None costs one check.
         self.observer: Callable[[OpSpec, tuple], ContextManager] | None = None
         self.revision: str | None = None  # registry commit served; None: HEAD at the last (re)load
+        self.commit: str | None = None  # the full sha of the registry commit served (None: no registry commit)
         self.demotions: list[Demotion] = []  # since the last (re)load, which re-resolves every chain
         self._entries = self._read_entries()
         self._loaded: dict[str, Callable | None] = {}
@@ -146,16 +159,40 @@ class Dispatcher:
 
     def resolve(self, spec: OpSpec, dtype: str, bucket: str) -> list[Variant]:
         """The fallback chain for (op, dtype, bucket) on this device: [registry entry], baseline, reference."""
+        if self.deterministic:
+            return self._deterministic(spec, dtype, bucket)
         reference = Variant("reference", spec.reference)
         if self.mode == "reference":
             return [reference]
         chain = [Variant("baseline", spec.forward), reference]
+        if self.mode == "registry" and self.fallback == "reference":
+            chain = [reference]
         if self.mode == "registry":
             entry = select_entry(self._entries, spec.name, self.device, dtype, bucket)
             fn = self._load(entry) if entry is not None else None
             if fn is not None:
                 chain.insert(0, Variant(f"registry:{entry.id}", _within_judged_tokens(spec, fn, self.device)))
         return chain
+
+    def _deterministic(self, spec: OpSpec, dtype: str, bucket: str) -> list[Variant]:
+        """[an invariant registry entry], then the op's deterministic fallback; both invariant."""
+        name, fn = det.fallback(spec, "reference" if self.fallback == "reference" else self.mode)
+        chain = [Variant(name, fn)] + ([Variant(det.ROWWISE, det.rowwise(spec))] if name != det.ROWWISE else [])
+        entry = (det.invariant_entry(self._entries, spec, self.device, dtype, bucket)
+                 if self.mode == "registry" else None)
+        loaded = self._load(entry) if entry is not None else None
+        if loaded is not None:
+            limit = spec.judged_tokens(self.device)
+            served = loaded if limit >= TOKEN_BUDGET else det.chunked(spec, loaded, limit)  # never another variant
+            chain.insert(0, Variant(f"registry:{entry.id}", served))
+        return chain
+
+    def deterministic_fallbacks(self) -> dict[str, dict[str, str]]:
+        """Deterministic mode: op -> {"dtype bucket": variant} where no batch-invariant registry kernel serves."""
+        if not self.deterministic:
+            return {}
+        return {op: {where: name for where, name in uses.items() if not name.startswith("registry:")}
+                for op, uses in self.variants_in_use().items()}
 
     def reload(self, revision: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:
         """Re-read the registry (its HEAD, or the commit `revision`) and re-resolve every cached shape.
@@ -167,6 +204,7 @@ class Dispatcher:
         """
         if revision is not None and self.mode == "registry" and self.registry is not None:
             self._entries, self.revision = self.registry.entries(revision), revision
+            self.commit = self.registry.commit_of(revision)
         else:
             self._entries, self.revision = self._read_entries(), None
         self._loaded = {sha: fn for sha, fn in self._loaded.items() if fn is not None}  # retry refusals
@@ -184,11 +222,13 @@ class Dispatcher:
         if self.mode != "registry" or self.registry is None:
             return []
         try:
-            entries = self.registry.entries()
+            head = self.registry.head()  # first: the entries read are this commit's
+            entries = self.registry.entries(head)
+            self.commit = head
             self.registry_error = None
             return entries
         except RegistryError as exc:
-            self.registry_error = str(exc)
+            self.registry_error, self.commit = str(exc), None
             log.error("%s", exc)
             return []
 

@@ -46,6 +46,11 @@ def pin(slot: int | None) -> None:
     _SLOT = None if slot is None else int(slot)
 
 
+def pinned() -> int | None:
+    """The slot pinned now (None: the policy), for a caller that pins and must restore it."""
+    return _SLOT
+
+
 class _Tuning:
     """Per-Autotuner bookkeeping: the key being launched, each key's configs after pruning, and the keys
     whose cached choice was last set by a pin."""

@@ -234,6 +234,10 @@ class OpSpec:
                   float32 tolerance is tight enough that a TF32 kernel fails it.
     error_bounds: per dtype, the bounds on the error's statistics (`ErrorBounds`: bias, offset,
                   relative RMS) that an output within the elementwise tolerance must also meet.
+    batch_rows:   names of the inputs whose leading dim is the batch's rows (tokens), as are the outputs':
+                  row i of the outputs depends only on row i of these and on the other inputs. The batch
+                  invariance probe (sandbox/batch_invariance.py) embeds rows among others through them;
+                  () where rows are not independent slices (attention: requests own ragged KV).
     """
 
     name: str
@@ -259,6 +263,7 @@ class OpSpec:
     tolerance_scale: Callable[[Shape, torch.dtype], float] | None = None
     tf32: bool = False
     error_bounds: Mapping[torch.dtype, ErrorBounds] = field(default_factory=lambda: DEFAULT_ERROR_BOUNDS)
+    batch_rows: tuple[str, ...] = ()
 
     def battery(self, device: str) -> list[Case]:
         """The cases a candidate must pass on `device` in each dtype (each seed the judge draws):

@@ -29,6 +29,8 @@ class CheckOptions:
     fork_server:  False starts a fresh interpreter per candidate (slower; the benchmark's reference).
     unconfined:   True judges without the operating system's confinement (sandbox/confine.py) where it
                   cannot be set up; every verdict records it. Never the default.
+    batch_invariance: False skips the batch invariance probe of a correct candidate (its verdict's
+                  `batch_invariant` stays None); tests that are not about it save its calls.
     compile_for:  GPU targets ("sm90", "sm80", ...) a correct candidate is also compiled for, on any
                   device, before timing; a kernel that does not compile, spills or overflows shared
                   memory is refused (`compile-target`). Empty: no compile check.
@@ -51,3 +53,4 @@ class CheckOptions:
     fork_server: bool = True
     unconfined: bool = False
     compile_for: tuple[str, ...] = ()
+    batch_invariance: bool = True

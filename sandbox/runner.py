@@ -35,6 +35,7 @@ from kernelloop.kernels.errors import KernelloopError
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.spec import OpSpec
+from kernelloop.sandbox import batch_invariance
 from kernelloop.sandbox import judge as judging
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.ab_timing import ABTiming
@@ -302,12 +303,37 @@ class Sandbox(ABTiming):
         check.run(v, runner, lambda: self._spawn("compile", spec, source, filename, work / "compiler", load["constants"]))
         if v.failure is not None:
             return
+        if self.options.batch_invariance:
+            self._phase = "the batch invariance probe"
+            self._probe_invariance(v, spec, runner, (trials[0]["seed"] if trials else self.seed) ^ 0x5EED)
+            if v.failure is not None:
+                return
         if plan["timing"]:
             v.stage = "timing"
             self._time(spec, plan["timing"], v, work, runner, replayer)
             if v.failure == "timing-incomplete":
                 return  # stopped while timing
         v.stage = "done"
+
+    def _probe_invariance(self, v: Verdict, spec: OpSpec, runner: Child, seed: int) -> None:
+        """Record whether the candidate is batch invariant: a property, never a failure by itself. Its calls
+        are calls on valid inputs, so an escape or a raise in one fails the candidate as in the battery."""
+        class Failed(Exception):
+            pass
+
+        def call(*args: Any) -> list[torch.Tensor]:
+            size = sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+            outputs, facts, _, _ = runner.call(args, 16 * size + (4 << 20))
+            if judging.runtime_failure(v, facts, "the batch invariance probe"):
+                raise Failed
+            return outputs
+
+        try:
+            v.batch_invariant, v.invariance_reason = batch_invariance.probe(spec, call, self.options.device, seed)
+        except Failed:
+            pass  # runtime_failure recorded it as the verdict's failure
+        except TypeError as exc:  # not tensors: the battery would have refused it; say so, decide nothing
+            v.batch_invariant, v.invariance_reason = False, f"the probe's call returned no tensors ({exc})"
 
 
 def judge_files(op: str, paths: list[Path], options: CheckOptions, progress: Progress | None = None) -> list[Verdict]:

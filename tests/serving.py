@@ -10,21 +10,23 @@ from typing import Iterator
 
 import httpx
 
+from kernelloop.engine.audit_queue import AuditQueue
 from kernelloop.engine.engine import Engine
 from kernelloop.engine.loop import EngineLoop
 from kernelloop.engine.server import create_app
 
 
 @contextmanager
-def serve(engine: Engine, model_name: str) -> Iterator[tuple[str, EngineLoop]]:
-    """Yields (base URL, loop) once /health answers; stops server and loop afterwards."""
+def serve(engine: Engine, model_name: str, audit: AuditQueue | None = None) -> Iterator[tuple[str, EngineLoop]]:
+    """Yields (base URL, loop) once /health answers; stops server and loop afterwards. `audit`: the shadow
+    audit's queue (default: none sampled)."""
     import uvicorn
 
     loop = EngineLoop(engine).start()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(loop, model_name), host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(create_app(loop, model_name, audit=audit), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

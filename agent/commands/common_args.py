@@ -20,6 +20,7 @@ from kernelloop.sandbox.options import CheckOptions
 
 CPU_RUNAWAY_TOKENS = 32  # the runaway check's default on the CPU interpreter (GPU: GateConfig's 256)
 CPU_INVARIANCE_TOKENS = 4  # the batch-invariance check's default there (GPU: GateConfig's 16)
+CUDA_TASKS = "agent-v1"  # the task audit's default suite on cuda (cpu: off)
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +32,9 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="model directory or a known name (smollm2) (default: the embedded model)")
     p.add_argument("--proposer", choices=("search", "llm", "both"), default="search",
                    help="who proposes kernels: the search over kernel shapes, an LLM, or both (default: search)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="commit only a winner the sandbox proved batch invariant (its rows' bits do not depend on the "
+                        "batch), so `engine serve --deterministic` can serve it; the proposers aim for it")
     p.add_argument("--llm-model", default=os.environ.get("KERNELLOOP_LLM_MODEL", "gpt-4o"), metavar="M",
                    help="model name at OPENAI_BASE_URL (default: $KERNELLOOP_LLM_MODEL or gpt-4o)")
     p.add_argument("--llm-max-tokens", type=int, default=8000, metavar="N",
@@ -54,6 +58,13 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="end-to-end gate: greedy tokens per prompt decoded alone, in a batch of "
                         f"{GateConfig.invariance_batch} and from the prefix cache, before and after (0 turns it off; "
                         f"default {GateConfig.invariance_tokens} on cuda, {CPU_INVARIANCE_TOKENS} on cpu)")
+    p.add_argument("--gate-tasks", default=None, metavar="SUITE|FILE|off",
+                   help="end-to-end gate: the task audit's suite (agent-shaped tasks answered greedily before and after: "
+                        "JSON, tool calls, a 15-step trace), a bundled name or a JSONL file; off turns it off (default "
+                        "agent-v1 on cuda, off on cpu, where it takes minutes on a real model)")
+    p.add_argument("--gate-task-tolerance", type=float, default=GateConfig.task_tolerance, metavar="F",
+                   help="end-to-end gate: roll back only when the whole interval of task accuracy after/before is below "
+                        f"1 - F (default {GateConfig.task_tolerance})")
     add_registry_argument(p)
     add_history_argument(p)
 
@@ -108,7 +119,8 @@ def check_timeout_argument(args: argparse.Namespace) -> None:
 
 def tune_settings(args: argparse.Namespace, device: str) -> TuneSettings:
     return TuneSettings(op=args.op, device=device, rounds=args.rounds, candidates=args.candidates,
-                        min_gain=args.min_gain, sandbox_timeout_s=args.timeout)
+                        min_gain=args.min_gain, sandbox_timeout_s=args.timeout,
+                        batch_invariant=getattr(args, "batch_invariant", False))
 
 
 def gate_config(args: argparse.Namespace, device: str) -> GateConfig:
@@ -122,7 +134,15 @@ def gate_config(args: argparse.Namespace, device: str) -> GateConfig:
         invariance = GateConfig.invariance_tokens if device == "cuda" else CPU_INVARIANCE_TOKENS
     if not 0 <= invariance <= 64:
         raise KernelloopError("--gate-invariance-tokens must be 0 (off) or a number of tokens up to 64")
-    return GateConfig(tps_tolerance=args.gate_tps_tolerance, runaway_tokens=tokens, invariance_tokens=invariance)
+    tasks = args.gate_tasks or (CUDA_TASKS if device == "cuda" else "off")
+    if tasks != "off":
+        from kernelloop.agent.task_suite import load_suite
+
+        load_suite(tasks)  # a bad suite is a one-line error now, not after the search
+    if not 0 <= args.gate_task_tolerance < 1:
+        raise KernelloopError("--gate-task-tolerance must be from 0 to below 1")
+    return GateConfig(tps_tolerance=args.gate_tps_tolerance, runaway_tokens=tokens, invariance_tokens=invariance,
+                      tasks=tasks, task_tolerance=args.gate_task_tolerance)
 
 
 def build_proposers(args: argparse.Namespace) -> dict[str, Proposer]:

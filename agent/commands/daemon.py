@@ -7,6 +7,7 @@ import logging
 
 from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
                                                   close_proposers, gate_config, tune_settings)
+from kernelloop.agent.commands.audit import add_audit_window_argument
 from kernelloop.agent.commands.tune import engine_target
 from kernelloop.agent.render import SafeFormatter
 from kernelloop.kernels.errors import KernelloopError
@@ -24,12 +25,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-hours", type=float, default=None, metavar="H", help="stop after this long")
     p.add_argument("--metrics-port", type=int, default=9477, help="Prometheus /metrics on 127.0.0.1 (0: any free port; -1: off)")
     p.add_argument("--log-file", default=None, metavar="PATH", help="also log here")
+    p.add_argument("--audit-every", type=float, default=60.0, metavar="S",
+                   help="with --engine: seconds between shadow-audit polls of the engine's sampled traffic while the "
+                        "daemon sleeps (default 60; the engine samples at `engine serve --audit-rate`)")
+    add_audit_window_argument(p, "--audit-window")
+    p.add_argument("--no-audit", action="store_true", help="do not run the shadow audit")
+    p.add_argument("--audit-only", action="store_true",
+                   help="run only the shadow audit of --engine (no tuning) until stopped or --max-hours")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.interval < 0 or (args.max_runs is not None and args.max_runs < 1):
         raise KernelloopError("--interval must be >= 0 and --max-runs >= 1")
+    if args.audit_every <= 0:
+        raise KernelloopError("--audit-every must be above 0 seconds")
+    if args.audit_only and (args.no_audit or not args.engine):
+        raise KernelloopError("--audit-only audits a running engine: it needs --engine URL and no --no-audit")
     check_tune_arguments(args)
     from kernelloop.agent.progress_view import ProgressView, StderrHandler
 
@@ -60,8 +72,15 @@ def run(args: argparse.Namespace) -> int:
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
                               device=device, model=model, engine=remote,
                               gate=gate_config(args, device), progress=progress)
+            auditor = None
+            if remote is not None and not args.no_audit:
+                from kernelloop.agent.commands.audit import build_auditor
+
+                auditor = build_auditor(args.engine, registry, history, model, args.audit_window)
+                log.info("shadow audit of %s every %g s (window %d)", args.engine, args.audit_every, args.audit_window)
             daemon = Daemon(ctx, settings, interval_s=args.interval, max_runs=args.max_runs,
-                            max_seconds=args.max_hours * 3600 if args.max_hours else None, metrics=metrics)
+                            max_seconds=args.max_hours * 3600 if args.max_hours else None, metrics=metrics,
+                            auditor=auditor, audit_every_s=args.audit_every, tune=not args.audit_only)
             daemon.install_signal_handlers()
             try:
                 finished = daemon.run()

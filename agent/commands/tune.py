@@ -155,3 +155,14 @@ def show(state: dict[str, Any], as_json: bool) -> None:
     committed = state.get("committed")
     print(f"result: {state.get('status')}: {safe_text(state.get('reason'))}"
           + (f" (registry entry {committed['entry_id']})" if committed and state.get("status") == "winner" else ""))
+    tasks = (state.get("gate") or {}).get("tasks")
+    if tasks:
+        print(f"gate task audit: {safe_text(task_row(tasks))}")
+
+
+def task_row(tasks: dict[str, Any]) -> str:
+    """The gate's task audit in one line (GateResult.tasks): accuracy before -> after, interval, skipped."""
+    from kernelloop.agent.task_audit import TaskComparison
+
+    verdict = "FAILED" if tasks["failed"] else "ok"
+    return f"{verdict}: {TaskComparison(**tasks).describe()} (tolerance {tasks['tolerance']:g})"

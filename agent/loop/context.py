@@ -6,16 +6,21 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kernelloop.agent.engine_handle import EngineHandle, check_handle
-from kernelloop.agent.gate import Measurement, prompt_ids
+from kernelloop.agent.gate import Measurement, chat_ids, prompt_ids
 from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.loop.state import GateConfig
 from kernelloop.agent.proposers.base import Proposer
 from kernelloop.agent.render import throttled
+from kernelloop.agent.task_audit import first_wrong
+from kernelloop.agent.task_suite import TaskSuite, load_suite
 from kernelloop.profiler.workload import WorkloadRequest
 from kernelloop.history import History
 from kernelloop.kernels.progress import prefixed
 from kernelloop.kernels.registry import Registry
 from kernelloop.sandbox import CheckOptions, Sandbox
+
+
+TASK_CHUNK = 16  # task-audit requests sent to the engine at once (POST /gate/generate takes up to 16)
 
 
 @dataclass
@@ -34,6 +39,7 @@ class LoopContext:
     _reference: LocalEngine | None = None
     _prompt_ids: list[list[int]] | None = None
     _reference_measurement: Measurement | None = None
+    _tasks: tuple[TaskSuite, list[list[int] | None]] | None = None
     _sandboxes: dict[tuple, Sandbox] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +106,38 @@ class LoopContext:
         self.progress(f"end-to-end gate: batch invariance, {len(self.prompt_ids())} prompts alone, in a batch of "
                       f"{g.invariance_batch} and from the prefix cache")
         return self.engine.invariance(self.prompt_ids(), g.invariance_tokens, g.invariance_batch)
+
+    def task_suite(self) -> tuple[TaskSuite, list[list[int] | None]] | None:
+        """The task audit's suite and each item's chat-templated prompt ids (by the reference's tokenizer, as
+        the engine serves chat requests); None where a prompt is too long for the model (skipped). None when off."""
+        if self.gate.tasks == "off":
+            return None
+        if self._tasks is None:
+            suite, limit = load_suite(self.gate.tasks), self.reference.engine.max_model_len
+            ids = [chat_ids(self.reference, list(item.messages)) for item in suite.items]
+            self._tasks = suite, [p if len(p) < limit else None for p in ids]
+        return self._tasks
+
+    def task_audit(self) -> dict[str, Any] | None:
+        """The engine's greedy answers to the task suite, checked (agent/task_audit.py): {"suite", "ids",
+        "passed" (None: skipped), "wrong" (each item's first wrong field), "skipped"}; None when off."""
+        loaded = self.task_suite()
+        if loaded is None:
+            return None
+        suite, ids = loaded
+        todo = [i for i, p in enumerate(ids) if p is not None]
+        self.progress(f"end-to-end gate: task audit, {len(todo)} items of {suite.name} v{suite.version}"
+                      + (f" ({len(ids) - len(todo)} too long, skipped)" if len(todo) < len(ids) else ""))
+        texts: list[str | None] = [None] * len(ids)
+        for start in range(0, len(todo), TASK_CHUNK):
+            chunk = todo[start:start + TASK_CHUNK]
+            outputs = self.engine.generate([ids[i] for i in chunk], suite.max_tokens, [None] * len(chunk))
+            for i, out in zip(chunk, outputs):
+                texts[i] = self.reference.tokenizer.decode(out)
+        wrong = [None if t is None else first_wrong(item, t) for item, t in zip(suite.items, texts)]
+        return {"suite": f"{suite.name} v{suite.version}", "ids": [item.id for item in suite.items],
+                "passed": [None if t is None else w is None for t, w in zip(texts, wrong)], "wrong": wrong,
+                "skipped": len(ids) - len(todo)}
 
     def measure_engine(self, warmup: bool = True) -> Measurement:
         return self.engine.measure(self.prompt_ids(), self.gate, warmup)

@@ -24,6 +24,7 @@ from langgraph.graph import END, START, StateGraph
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.nodes import Nodes
 from kernelloop.agent.loop.state import TuneSettings, TuneState
+from kernelloop.agent.loop.winners import winners
 
 RECURSION_LIMIT = 500  # steps per run: one per candidate judged, plus a handful
 
@@ -40,7 +41,7 @@ def _after_check(settings: TuneSettings):
     def route(state: TuneState) -> str:
         if state.get("pending"):
             return "check"
-        if any(j["verdict"]["accepted"] for j in state.get("judged", [])):
+        if winners(state.get("judged", []), settings.batch_invariant):
             return "gate_before"
         return "propose" if state.get("round", 0) < settings.rounds else "finish"
     return route

@@ -23,6 +23,7 @@ from kernelloop.agent.gate import GateResult, alternate_speed, judge, summary
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.state import TuneSettings, TuneState
 from kernelloop.agent.loop.target import choose_target, op_shapes
+from kernelloop.agent.loop.winners import winners
 from kernelloop.agent.proposers.base import Proposal, TuneContext, check_proposers
 from kernelloop.agent.proposers.feedback import PROPOSAL_FAILURES, PROPOSAL_STAGE, proposal_verdict
 from kernelloop.kernels.device import device_fingerprint
@@ -33,7 +34,8 @@ from kernelloop.profiler.workload import agent_workload
 from kernelloop.sandbox import CheckOptions
 from kernelloop.sandbox.verdict import CORRECT_FAILURES, judge_or_refuse
 
-VERDICT_KEYS = ("correct", "accepted", "speedup", "speedup_interval", "failure", "reason", "stage", "baseline")
+VERDICT_KEYS = ("correct", "accepted", "speedup", "speedup_interval", "failure", "reason", "stage", "baseline",
+                "batch_invariant", "invariance_reason")
 
 
 # How the cause of a run without a candidate counts each kind of unusable answer (singular, plural).
@@ -58,6 +60,8 @@ def _judged_in_sandbox(entry: dict[str, Any]) -> bool:
 def _refusals(judged: list[dict[str, Any]]) -> str:
     """Why no candidate won: the refusals by failure code, and the last one's reason."""
     refused = [j["verdict"] for j in judged if _judged_in_sandbox(j)]
+    if any(v.get("accepted") for v in refused):  # accepted, but --batch-invariant wanted what none proved
+        return f"no accepted candidate was batch invariant ({sum(1 for v in refused if v.get('accepted'))} accepted)"
     if not refused:
         return "no candidate was accepted by the sandbox"
     codes = Counter(v.get("failure") or "refused" for v in refused)
@@ -125,7 +129,8 @@ class Nodes:
         tctx = TuneContext(op=op, dtype=state["dtype"], device=self.settings.device, shapes=tuple(state["shapes"]),
                            best_source=ctx.registry.source(entry) if entry else None,
                            baseline_source=inspect.getsource(inspect.getmodule(get_op(op).forward)),
-                           roofline=state.get("roofline") or {}, failures=failures)
+                           roofline=state.get("roofline") or {}, failures=failures,
+                           batch_invariant=self.settings.batch_invariant)
         pending: list[dict[str, Any]] = []
         answered: list[dict[str, Any]] = []   # this round's answers that got a proposal verdict
         errors: dict[str, str] = {}
@@ -211,13 +216,13 @@ class Nodes:
     # -- accept: gate, commit, reload, verify ------------------------------------------------------
 
     def gate_before(self, state: TuneState) -> dict[str, Any]:
-        accepted = [j for j in state["judged"] if j["verdict"]["accepted"]]
-        winner = max(accepted, key=lambda j: (j["verdict"]["speedup_interval"] or [0])[0])
+        winner = max(winners(state["judged"], self.settings.batch_invariant),
+                     key=lambda j: (j["verdict"]["speedup_interval"] or [0])[0])
         ctx = self.ctx
         ctx.progress(f"winner: {winner['label']} ({winner['verdict']['reason']}); measuring the engine before")
         return {"winner": winner,
                 "gate_before": summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations(),
-                                       invariance=ctx.batch_invariance())}
+                                       invariance=ctx.batch_invariance(), tasks=ctx.task_audit())}
 
     def commit(self, state: TuneState) -> dict[str, Any]:
         ctx, w = self.ctx, state["winner"]
@@ -227,7 +232,8 @@ class Nodes:
             added = ctx.registry.add(
                 state["op"], w["source"], device=self.fingerprint, dtype=state["dtype"], bucket=state["bucket"],
                 speedup=w["verdict"]["speedup"], speedup_ci=(interval[0], interval[1]),
-                provenance=Provenance(w["proposer"], history_id=w["candidate_id"]))
+                provenance=Provenance(w["proposer"], history_id=w["candidate_id"]),
+                batch_invariant=w["verdict"].get("batch_invariant"))
             entry, commit_sha = added.entry, added.commit
         else:  # a resumed run that was killed after its commit
             commit_sha = ctx.registry.added_by(entry).sha
@@ -260,7 +266,7 @@ class Nodes:
             result = GateResult(**{k: stored[k] for k in GateResult.__dataclass_fields__ if k in stored})
         else:
             after = summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations(),
-                            invariance=ctx.batch_invariance())
+                            invariance=ctx.batch_invariance(), tasks=ctx.task_audit())
             rounds = ctx.gate.speed_rounds
             ctx.progress(f"end-to-end gate: tokens/s before and after, {rounds} alternated rounds")
             # The registry without the winner is its commit's parent; the two are served alternately.

@@ -37,6 +37,12 @@ class GateConfig:
     # batch of `invariance_batch` requests and with a prefix-cache hit, before and after.
     invariance_tokens: int = 16  # 0 turns the check off
     invariance_batch: int = 16
+    # Task audit (agent/task_audit.py): a task suite (agent/task_suite.py: a bundled name such as "agent-v1"
+    # or a JSONL path; "off" turns it off) answered greedily before and after; fails when the whole interval
+    # of accuracy after/before is below 1 - task_tolerance. Off here (a real model's minutes per audit on the
+    # CPU); `agent tune` turns agent-v1 on for cuda (agent/commands/common_args.py).
+    tasks: str = "off"
+    task_tolerance: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class TuneSettings:
     min_gain: float = CheckOptions.min_gain
     sandbox_timeout_s: float | None = None  # seconds per candidate; None: the sandbox's default for the device
     profile_requests: int = 4
+    batch_invariant: bool = False  # only winners whose verdict says batch_invariant (agent tune --batch-invariant)
 
 
 class TuneState(TypedDict, total=False):

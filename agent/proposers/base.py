@@ -32,6 +32,7 @@ class TuneContext:
     baseline_source: str           # kernels/ops/<op>_kernel.py source text
     roofline: dict                 # {"bytes_per_s", "roofline_pct", "device_bytes_per_s"} of the current kernel, may be {}
     failures: tuple[dict, ...]     # earlier failed attempts from history: {"source", "failure", "reason"}
+    batch_invariant: bool = False  # only batch-invariant winners count (agent tune --batch-invariant)
 
 
 Feedback = list[tuple[Proposal, dict[str, Any]]]  # (an earlier proposal, the verdict JSON it got), oldest first

@@ -128,6 +128,9 @@ def feedback_text(verdict: dict) -> str:
         lines.append(f"Rejected ({failure}): {reason}")
     else:
         lines.append(f"Not accepted: {reason}" if reason else "Not accepted.")
+    if verdict.get("batch_invariant") is not None and verdict.get("correct"):
+        said = safe_text(verdict.get("invariance_reason") or "").strip()
+        lines.append(("Batch invariant: " if verdict["batch_invariant"] else "Not batch invariant: ") + said)
     if failure in ("load", "raised", "crash") and verdict.get("log_tail"):
         tail = safe_text(verdict["log_tail"], multiline=True).strip()[-MAX_LOG_CHARS:]
         lines.append("Last output of the candidate's process:\n```\n" + tail + "\n```")

@@ -152,6 +152,13 @@ def failures_text(failures: Iterable[dict]) -> str:
     return "\n".join(lines)
 
 
+BATCH_INVARIANT_RULE = (
+    "Batch invariance (required)\nOnly a batch-invariant kernel can win: each row's output bits must not depend on how "
+    "many other rows the call has or where the row sits. The judge computes a row alone and inside batches of other "
+    "sizes and compares the bits. Keep one reduction order for every row count: no split-K or tile sizes chosen by "
+    "the number of rows, no cross-row reductions; configurations may follow the model dims only.")
+
+
 def task_prompt(ctx: Any) -> str:
     """The first user message of a conversation: everything the model needs for round 1."""
     current = ctx.best_source or ctx.baseline_source  # candidate modules (the baseline: kernels/ops/<op>_kernel.py)
@@ -166,6 +173,8 @@ def task_prompt(ctx: Any) -> str:
         "## Device\n" + device_facts(ctx.device, ctx.roofline),
         "## " + candidate_rules(ctx.op),
     ]
+    if getattr(ctx, "batch_invariant", False):
+        sections.append("## " + BATCH_INVARIANT_RULE)
     failed = failures_text(ctx.failures)
     if failed:
         sections.append("## Earlier failures\n" + failed)

@@ -193,7 +193,8 @@ class SearchProposer:
 
     def _evidence(self, ctx: TuneContext, feedback: list[tuple[Proposal, dict]]
                   ) -> tuple[list[tuple[float, dict[str, Any]]], set[str]]:
-        """Anchors (speedup, config), best first, and the templates to deprioritise."""
+        """Anchors (speedup, config), best first, and the templates to deprioritise (with `ctx.batch_invariant`,
+        those whose correct kernels were not batch invariant too)."""
         anchors: list[tuple[float, dict[str, Any]]] = []
         correct_templates: set[str] = set()
         failed = Counter()
@@ -206,6 +207,9 @@ class SearchProposer:
             if header is None or header["op"] != ctx.op:
                 continue
             config = config_of(header)
+            if ctx.batch_invariant and verdict.get("correct") and verdict.get("batch_invariant") is False:
+                failed[config["template"]] += 1  # --batch-invariant: a correct kernel that is not cannot win
+                continue
             if verdict.get("correct"):
                 correct_templates.add(config["template"])
                 speedup = verdict.get("speedup")

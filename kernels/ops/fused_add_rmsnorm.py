@@ -65,6 +65,7 @@ def cost(shape: Shape, dtype: torch.dtype) -> Cost:
 
 SPEC = OpSpec(
     name="fused_add_rmsnorm",
+    batch_rows=("x", "residual"),
     signature="fused_add_rmsnorm(x, residual, weight, eps) -> (y, residual_out)",
     summary=(
         "Residual add then RMS norm over the last dim: x, residual [..., N], weight [N]; "

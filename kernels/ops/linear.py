@@ -121,6 +121,7 @@ def _engine_shapes() -> tuple[dict[str, int], ...]:
 
 SPEC = OpSpec(
     name="linear",
+    batch_rows=("x",),
     signature="linear(x, weight, bias) -> y",
     summary=(
         "Projection y = x @ weight.T (+ bias): x [..., K] (rows may be strided), weight [N, K] (Hugging Face "

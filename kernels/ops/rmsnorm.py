@@ -50,6 +50,7 @@ def cost(shape: Shape, dtype: torch.dtype) -> Cost:
 
 SPEC = OpSpec(
     name="rmsnorm",
+    batch_rows=("x",),
     signature="rmsnorm(x, weight, eps) -> y",
     summary="RMS normalisation over the last dim: x [..., N], weight [N]; y = x * rsqrt(mean(x^2) + eps) * weight.",
     reference=reference,

@@ -111,6 +111,7 @@ def cost(shape: Shape, dtype: torch.dtype) -> Cost:
 
 SPEC = OpSpec(
     name="rope",
+    batch_rows=("q", "k", "positions"),
     signature="rope(q, k, positions, cos_sin_cache) -> (q_out, k_out)",
     summary=(
         "NeoX rotary embedding: q [T, Hq, D], k [T, Hk, D], positions [T] int64, cos_sin_cache "

@@ -51,6 +51,7 @@ def cost(shape: Shape, dtype: torch.dtype) -> Cost:
 
 SPEC = OpSpec(
     name="silu_mul",
+    batch_rows=("x",),
     signature="silu_mul(x) -> y",
     summary="SwiGLU activation: x [..., 2d] holds gate then up; y [..., d] = silu(gate) * up.",
     reference=reference,

@@ -40,6 +40,9 @@ class Entry:
     provenance: Provenance
     verified_at: str  # ISO 8601 UTC, when the sandbox last judged it
     added_at: str = field(default_factory=utc_now)
+    # The verdict's batch invariance (sandbox/batch_invariance.py); None: unknown (not probed, or a manifest
+    # written before the field existed). `engine serve --deterministic` serves only entries with True.
+    batch_invariant: bool | None = None
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -78,12 +81,19 @@ class Entry:
                     prompt_hash=prov.get("prompt_hash"), history_id=prov.get("history_id"),
                 ),
                 verified_at=str(d["verified_at"]), added_at=str(d["added_at"]),
+                batch_invariant=_optional_bool(d.get("batch_invariant"), "batch_invariant"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RegistryError(f"{where}: malformed entry ({type(exc).__name__}: {exc})") from None
         if len(entry.sha256) != 64:
             raise RegistryError(f"{where}: sha256 must be 64 hex digits")
         return entry
+
+
+def _optional_bool(value: Any, name: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"{name} must be true, false or null, got {value!r}")
 
 
 def select_entry(entries: list[Entry], op: str, device: str, dtype: str, bucket: str) -> Entry | None:

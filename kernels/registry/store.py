@@ -87,6 +87,10 @@ class Registry:
         """The commit the registry serves now (None before its first commit)."""
         return self._revision(None) if (self.path / ".git").exists() else None
 
+    def commit_of(self, revision: str) -> str | None:
+        """The full sha `revision` (a sha, or a ref like HEAD~1) names; RegistryError for an unknown one."""
+        return self._revision(revision)
+
     def uncommitted(self) -> list[str]:
         """Files edited by hand and not committed (never served; writers refuse to run over them)."""
         return changed_paths(self.path) if (self.path / ".git").exists() else []
@@ -178,12 +182,14 @@ class Registry:
         speedup_ci: tuple[float, float],
         provenance: Provenance,
         verified_at: str | None = None,
+        batch_invariant: bool | None = None,
     ) -> Added:
-        """Store a verified kernel, replacing the entry for the same key; one commit, returned with it."""
+        """Store a verified kernel, replacing the entry for the same key; one commit, returned with it.
+        `batch_invariant`: what its verdict says (None: not probed)."""
         entry = Entry(
             op=op, device=device, dtype=dtype, bucket=bucket, sha256=sha256_text(source),
             speedup=speedup, speedup_ci=tuple(speedup_ci), provenance=provenance,
-            verified_at=verified_at or utc_now(),
+            verified_at=verified_at or utc_now(), batch_invariant=batch_invariant,
         )
         with self._writing() as repo:
             entries = [e for e in self.entries() if e.key != entry.key] + [entry]

@@ -64,6 +64,7 @@ class Case:
     path: Path
     small: bool  # timed at SMALL; else at the sandbox's default timing shape
     kind: str    # "variant" | "self" | "exploit"
+    dtype: str = DTYPE  # checked and timed in
 
 
 CASES = (
@@ -84,8 +85,10 @@ CASES = (
     # Races (#24): programs that read another program's output, float atomics; repeated beside a load.
     Case("exploit: race, the last program finalizes", "rmsnorm",
          TESTS / "sandbox_candidates" / "r1_last_program_finalizes.py", True, "exploit"),
+    # In float32: rounding to bfloat16 hides most orders of a float32 sum in the output's bits (a seed can
+    # hide them all), while float32 outputs show them.
     Case("exploit: race, float atomic_add", "rmsnorm", TESTS / "sandbox_candidates" / "r1_float_atomic_add_sum.py",
-         True, "exploit"),
+         True, "exploit", "float32"),
     Case("exploit: a def only compiled Triton would build", "rmsnorm",
          TESTS / "sandbox_candidates" / "l1_decorator_def_gpu_only.py", True, "exploit"),
     Case("exploit: store past its output", "rmsnorm", TESTS / "sandbox_candidates" / "m5_store_past_output.py", True,
@@ -97,31 +100,31 @@ CASES = (
 
 
 def grouped(cases: tuple[Case, ...] | list[Case]) -> list[Case]:
-    """The cases with those of one timing shape (one sandbox) together, in order of first appearance."""
-    order: dict[bool, list[Case]] = {}
+    """The cases with those of one timing shape and dtype (one sandbox) together, in order of first appearance."""
+    order: dict[tuple[bool, str], list[Case]] = {}
     for case in cases:
-        order.setdefault(case.small, []).append(case)
+        order.setdefault((case.small, case.dtype), []).append(case)
     return [case for group in order.values() for case in group]
 
 
-def options_for(device: str, small: bool) -> CheckOptions:
-    return CheckOptions(device=device, registry=NO_REGISTRY, dtypes=(DTYPE,), timing_dtype=DTYPE,
+def options_for(device: str, small: bool, dtype: str = DTYPE) -> CheckOptions:
+    return CheckOptions(device=device, registry=NO_REGISTRY, dtypes=(dtype,), timing_dtype=dtype,
                         timing_shape=SMALL[device] if small else None, static_check=False,
                         timeout_s=JUDGE_TIMEOUT_S[device])
 
 
 class Sandboxes:
-    """One open Sandbox at a time, for the current timing shape; a new one only when the shape changes."""
+    """One open Sandbox at a time, for the current timing shape and dtype; a new one only when they change."""
 
     def __init__(self, device: str) -> None:
         self.device, self.started = device, 0
-        self._key: bool | None = None
+        self._key: tuple[bool, str] | None = None
         self._sandbox: Sandbox | None = None
 
-    def get(self, small: bool) -> Sandbox:
-        if self._sandbox is None or self._key != small:
+    def get(self, small: bool, dtype: str = DTYPE) -> Sandbox:
+        if self._sandbox is None or self._key != (small, dtype):
             self.close()
-            self._sandbox, self._key = Sandbox(options_for(self.device, small)), small
+            self._sandbox, self._key = Sandbox(options_for(self.device, small, dtype)), (small, dtype)
             self.started += 1
         return self._sandbox
 
@@ -171,7 +174,7 @@ def judge_case(case: Case, sandboxes: Sandboxes) -> tuple[Verdict | None, str, b
     static = static_check(source, get_op(case.op).arg_names)
     if not static.ok and case.kind != "exploit":
         return None, f"refused: {static.reason}"[:80], False
-    v = sandboxes.get(case.small).judge_source(case.op, source, str(case.path))
+    v = sandboxes.get(case.small, case.dtype).judge_source(case.op, source, str(case.path))
     return v, "pass" if static.ok else "refuses (judged off)", case_ok(case, v, static.ok, sandboxes.device)
 
 

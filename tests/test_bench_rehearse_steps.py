@@ -156,10 +156,11 @@ def test_sandbox_cases_need_one_sandbox_per_timing_shape(monkeypatch):
     monkeypatch.setattr(sandbox_gpu, "Sandbox", FakeSandbox)
     pool = sandbox_gpu.Sandboxes("cpu")
     for case in cases:
-        pool.get(case.small)
+        pool.get(case.small, case.dtype)
     pool.close()
-    assert pool.started == len(made) == len({c.small for c in sandbox_gpu.CASES}) == 2
-    assert all(not o.static_check and o.dtypes == ("bfloat16",) for o in made)
+    assert pool.started == len(made) == len({(c.small, c.dtype) for c in sandbox_gpu.CASES}) == 3
+    assert all(not o.static_check and o.dtypes == (o.timing_dtype,) for o in made)
+    assert sorted(o.dtypes for o in made) == [("bfloat16",), ("bfloat16",), ("float32",)]  # the float atomic race
     assert {None, tuple(sandbox_gpu.SMALL["cpu"].items())} == {o.timing_shape and tuple(o.timing_shape.items())
                                                                for o in made}
 

@@ -1,9 +1,10 @@
 """Batch invariance, a property of a kernel: does a row's result depend on the batch it is computed in?
 
 A probe row is computed alone (a batch of one) and then embedded among seeded filler rows in batches
-of other sizes, at different places; the probe row's outputs must have the same bits every time. A
-kernel whose reduction order follows the number of rows (a split along K for few rows, a tile size
-picked by row count) fails it while being correct at every shape of the battery.
+of other sizes, at other places, both drawn from the judge's secret seed (`draw_batches`); the probe
+row's outputs must have the same bits every time. A kernel whose reduction order follows the number of
+rows (a split along K for few rows, a tile size picked by row count) fails it while being correct at
+every shape of the battery.
 
 It is a property, not a failure: the judge records it in the verdict (`batch_invariant`, with
 `invariance_reason`) of a correct candidate, the registry entry keeps it, and `engine serve
@@ -13,6 +14,7 @@ independent slices of their inputs (`OpSpec.batch_rows` empty: attention) are no
 
 from __future__ import annotations
 
+import random
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
@@ -22,15 +24,25 @@ from kernelloop.kernels.spec import OpSpec, dtype_name
 from kernelloop.sandbox.judge import same_bits
 from kernelloop.sandbox.plan import trial_inputs
 
-# (batch size, where the probe row sits): few rows on the interpreter (a program per row costs ~1 ms),
-# more on a GPU; sizes cross the M buckets real GEMM configurations switch at (16, 32, 64, 256).
-CPU_BATCHES: tuple[tuple[int, int], ...] = ((3, 1), (16, 15), (33, 17))
-CUDA_BATCHES: tuple[tuple[int, int], ...] = ((3, 1), (64, 63), (257, 130))
+# The probe's batch sizes are drawn from the judge's secret seed, one from each stratum (CPU: few rows,
+# the interpreter runs a program per row in ~1 ms; CUDA: more), at a drawn position: a kernel invariant
+# only at sizes it could guess is caught. The strata follow the M buckets real GEMM configurations switch
+# at (8, 16, 32, 64, 256), so a kernel whose reduction changes with its row count's bucket shows it at
+# every seed; one that changes at a single row count inside a stratum, at some seeds.
+CPU_STRATA: tuple[tuple[int, int], ...] = ((2, 8), (9, 16), (17, 32), (33, 40))
+CUDA_STRATA: tuple[tuple[int, int], ...] = ((2, 16), (17, 32), (33, 64), (65, 256), (257, 300))
 
 
 class Invariance(NamedTuple):
     invariant: bool | None  # None: not probed (the op has no independent rows)
     reason: str
+
+
+def draw_batches(seed: int, device: str) -> tuple[tuple[int, int], ...]:
+    """(batch size, where the probe row sits) for each stratum of the device, drawn from `seed`."""
+    rng = random.Random(seed ^ 0xBA7C4)
+    sizes = [rng.randint(lo, hi) for lo, hi in (CUDA_STRATA if device.startswith("cuda") else CPU_STRATA)]
+    return tuple((size, rng.randrange(size)) for size in sizes)
 
 
 def probe_dtype(spec: OpSpec, device: str) -> str:
@@ -68,13 +80,13 @@ def _first_difference(alone: torch.Tensor, inside: torch.Tensor) -> str:
 def probe(spec: OpSpec, impl: Callable[..., Any], device: str, seed: int,
           batches: Sequence[tuple[int, int]] | None = None) -> Invariance:
     """Compute one seeded probe row alone and inside each batch of `batches` ((size, position); None:
-    the device's), with seeded filler rows, and compare its outputs' bits. `impl(*args)` returns the
-    op's output(s) (the forward itself, or a call into the sandboxed runner); inputs are made on the CPU
+    `draw_batches(seed, device)`), with seeded filler rows, and compare its outputs' bits. `impl(*args)`
+    returns the op's output(s) (the forward itself, or a call into the sandboxed runner); inputs are made on the CPU
     as the judge makes them. Restores the interpreter's autotune pin (kernels/interpreter_autotune.py):
     the probe runs with the device's own choice, as the engine serves."""
     if not spec.batch_rows:
         return Invariance(None, f"not probed: {spec.name} has no independent rows")
-    batches = batches or (CUDA_BATCHES if device.startswith("cuda") else CPU_BATCHES)
+    batches = batches or draw_batches(seed, device)
     dtype = probe_dtype(spec, device)
     shape = dict(spec.test_shapes[0])
     saved = interpreter_autotune.pinned()

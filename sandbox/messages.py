@@ -239,6 +239,7 @@ class Trial(TypedDict):
     dtype: str
     seed: int
     determinism: bool  # also call twice on the same inputs: the bits must not change
+    race_only: NotRequired[bool]  # float32 for a kernel with atomics judged without it: only races are judged
 
 
 class Timing(TypedDict):

@@ -5,7 +5,8 @@ the engine's ranges, and the op's input variants: seeded scalars, magnitudes, ze
 3-D layouts), plus any shapes the caller adds (e.g. from an engine profile). Every trial gets its own
 seed, drawn from the master seed; by default that is secret (os.urandom), and it never leaves the
 judge's process. The first two cases come back at the end with new inputs: a result cached by shape
-fails there. The candidate is timed in one of the dtypes it is judged in.
+fails there. The candidate is timed in one of the dtypes it is judged in. A kernel naming a Triton
+atomic judged without float32 gets one float32 trial first, judged for races only (`race_dtype_case`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def timing_shape(spec: OpSpec, options: CheckOptions) -> dict[str, int]:
         return dict(options.timing_shape)
     if options.device == "cuda":
         return cuda_engine_shapes(spec, 3)[1]
+    return costliest_test_shape(spec)
+
+
+def costliest_test_shape(spec: OpSpec) -> dict[str, int]:
     return dict(max(spec.test_shapes, key=lambda s: spec.cost(s, parse_dtype("float32")).bytes))
 
 
@@ -165,8 +170,21 @@ def _repeated(options: CheckOptions, shape: dict, ranges: list) -> bool:
     return options.device == "cuda" or (shape, {}) not in ranges
 
 
-def make_plan(spec: OpSpec, options: CheckOptions, seed: int) -> Plan:
-    """The trials (sandbox/messages.py: Trial) and the timing (Timing, or None without timing)."""
+def race_dtype_case(spec: OpSpec, options: CheckOptions) -> dict[str, int] | None:
+    """For a kernel naming a Triton atomic, the shape of one extra float32 trial when float32 is not
+    judged but the op supports it: rounding a float atomic's arrival-order sum to bfloat16/float16 can
+    give every shuffled order the same bits, so its race shows in float32. The costliest test shape
+    (the most programs to shuffle). None where no extra trial is needed or possible."""
+    names = [dtype_name(d) for d in spec.dtypes]
+    if "float32" not in names or "float32" in check_dtypes(spec, options):
+        return None
+    return costliest_test_shape(spec)
+
+
+def make_plan(spec: OpSpec, options: CheckOptions, seed: int, atomics: bool = False) -> Plan:
+    """The trials (sandbox/messages.py: Trial) and the timing (Timing, or None without timing).
+    `atomics`: the candidate names a Triton atomic (sandbox/program_order.py: uses_atomics); see
+    `race_dtype_case`."""
     rng = random.Random(seed)
     cases, dtypes, ranges = check_cases(spec, options), check_dtypes(spec, options), range_cases(spec, options)
     trials: list[Trial] = []
@@ -178,6 +196,10 @@ def make_plan(spec: OpSpec, options: CheckOptions, seed: int) -> Plan:
                             determinism=key not in seen and _repeated(options, shape, ranges)))
         seen.add(key)
 
+    race_shape = race_dtype_case(spec, options) if atomics else None
+    if race_shape is not None:  # first: its bits are raced, its values not judged (float32 was not asked for)
+        trials.append(Trial(id=0, shape=race_shape, variant={}, dtype="float32", seed=rng.randrange(1 << 62),
+                            determinism=False, race_only=True))
     rotating = [c for c in cases if not _every_dtype(spec, options, *c)]
     turn = random.Random(seed ^ 0x5EED).randrange(len(dtypes))  # which dtype a rotating case lands in: secret too
     for i, dtype in enumerate(dtypes):

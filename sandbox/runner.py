@@ -119,7 +119,8 @@ class Sandbox(ABTiming):
         start = time.monotonic()
         v = Verdict(op=op, device=self.fingerprint, file=filename, sha256=_sha256(source))
         # The plan depends on the options only: a bad option (an unknown dtype) is the caller's error.
-        plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16))
+        atomics = uses_atomics(source)  # replayed in several orders, and in float32 (sandbox/plan.py)
+        plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16), atomics)
         self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
         try:  # any failure of a check on the candidate's text is a verdict, never a raise
             problem = None
@@ -142,7 +143,7 @@ class Sandbox(ABTiming):
         self._deadline, self._phase, self._children = self._budget.correctness_deadline, "starting", []
         self._start_s = 0.0
         try:
-            self._judge(spec, source, filename, plan, v, work)
+            self._judge(spec, source, filename, plan, v, work, atomics)
         except wire.ChannelTimeout:
             v.fail("timeout", f"{self._budget.correctness_cut()} (during {self._phase})")
         except MemoryExceeded:
@@ -190,15 +191,16 @@ class Sandbox(ABTiming):
         return child, load
 
     def _answer(self, v: Verdict, spec: OpSpec, runner: Child, where: str, args: tuple, expected: Any,
-                shape: dict[str, int]) -> _Trial | None:
-        """Collect and judge the runner's answer to the call just sent. None after a failure."""
+                shape: dict[str, int], compare: bool = True) -> _Trial | None:
+        """Collect and judge the runner's answer to the call just sent (`compare` False: not its values).
+        None after a failure."""
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         want = expected if isinstance(expected, tuple) else (expected,)
         limit = 2 * sum(t.untyped_storage().nbytes() for t in inputs) + 4 * sum(
             e.numel() * e.element_size() for e in want) + (1 << 20)
         outputs, facts, record, after = runner.receive_result(limit)
         comparison = judging.judge_call(v, spec, where, facts, record, outputs, after, inputs, expected,
-                                        self.options.device, shape)
+                                        self.options.device, shape, compare)
         trial = _Trial(where, self._phase, inputs, outputs, record, limit, comparison)
         if v.failure is not None:
             judging.add_check(v, where, comparison)
@@ -254,7 +256,8 @@ class Sandbox(ABTiming):
         replayer.start_replay(trial.record, trial.inputs)
         return self._replay_outcome(v, replayer, trial)
 
-    def _judge(self, spec: OpSpec, source: str, filename: str, plan: Plan, v: Verdict, work: Path) -> None:
+    def _judge(self, spec: OpSpec, source: str, filename: str, plan: Plan, v: Verdict, work: Path,
+               atomics: bool) -> None:
         runner, load = self._spawn("run", spec, source, filename, work / "runner")
         v.isolation = runner.isolation
         if load["violations"]:
@@ -273,14 +276,14 @@ class Sandbox(ABTiming):
             return
         v.stage = "correctness"
         check = CompileCheck(spec, self.compile_for, plan)  # does nothing without --compile-for
-        atomics = uses_atomics(source)
         # Pipelined: trial i is replayed while the runner computes trial i+1 (and the judge its reference).
         trials, pending = plan["trials"], None
         # Autotuned kernels: trial i pins config slot base + i, so the battery goes round every config from
         # an offset the candidate cannot know; timing (no slot) uses the device's own choice, as the engine.
         base = trials[0]["seed"] % 65521 if trials else 0
         for i, trial in enumerate(trials):
-            where = judging.label(trial["shape"], trial["dtype"], trial["variant"])
+            where = judging.label(trial["shape"], trial["dtype"], trial["variant"]) + (
+                " (race check)" if trial.get("race_only") else "")
             self._phase = f"trial {i + 1}/{len(trials)} ({where})"
             self.progress(Step(self._phase, "sandbox battery", i + 1, len(trials), self._deadline, where))
             args = trial_inputs(spec, trial["shape"], trial["dtype"], trial["seed"], trial["variant"])
@@ -288,7 +291,7 @@ class Sandbox(ABTiming):
             expected = spec.reference(*args)
             if pending is not None and self._replay_outcome(v, replayer, pending) is None:
                 return
-            pending = self._answer(v, spec, runner, where, args, expected, trial["shape"])
+            pending = self._answer(v, spec, runner, where, args, expected, trial["shape"], not trial.get("race_only"))
             if pending is None:
                 return
             check.note(trial, pending.record)

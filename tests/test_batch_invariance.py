@@ -1,14 +1,18 @@
 """Batch invariance as a verified property (sandbox/batch_invariance.py) and deterministic serving
 (kernels/deterministic.py, `engine serve --deterministic`).
 
-The planted fault is an rmsnorm correct at every shape of the battery whose reduction order depends on
-how many rows it gets (a chunked sum and a division past 8 rows): only the probe sees it. The control is
-the one-program-per-row rmsnorm every other sandbox test accepts.
+The planted faults are rmsnorms correct at every shape of the battery whose reduction order depends on
+how many rows they get (a chunked sum and a division): past 8 rows, and only for 17-32 rows (one M
+bucket, which the probe's former fixed sizes 3, 16, 33 skipped). Only the probe sees them; its batch
+sizes and the probe row's place are drawn from the judge's secret seed. The control is the
+one-program-per-row rmsnorm every other sandbox test accepts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,10 +25,11 @@ from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.ops import OPS, get_op
 from kernelloop.kernels.registry.entry import ANY_BUCKET, Entry, Provenance
-from kernelloop.sandbox.batch_invariance import probe
+from kernelloop.sandbox.batch_invariance import CPU_STRATA, CUDA_STRATA, draw_batches, probe
 
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"
 CONTROL = CANDIDATES / "control_rmsnorm_row.py"
+FAILED_AT = re.compile(r"^row (\d+) of a batch of (\d+) differs from the row alone")
 
 PLANTED = '''
 import torch
@@ -39,7 +44,7 @@ def _kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, n_cols, eps, CHUNKED: tl.co
     mask = offs < n_cols
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if CHUNKED:  # many rows: partial sums of 16 columns, then a division (another order, other roundings)
+    if CHUNKED:  # partial sums of 16 columns, then a division (another order, other roundings)
         acc = tl.zeros((16,), dtype=tl.float32)
         for c in range(0, BLOCK, 16):
             cols = c + tl.arange(0, 16)
@@ -60,9 +65,16 @@ def forward(x, weight, eps):
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows > 0 and n > 0:
         block = max(16, triton.next_power_of_2(n))
-        _kernel[(rows,)](x2, weight, y, x2.stride(0), y.stride(0), n, eps, CHUNKED=rows > 8, BLOCK=block)
+        _kernel[(rows,)](x2, weight, y, x2.stride(0), y.stride(0), n, eps, CHUNKED=CHUNKED_ROWS, BLOCK=block)
     return y.view(x.shape)
 '''
+PAST_8_ROWS = PLANTED.replace("CHUNKED_ROWS", "rows > 8")
+# Only for 17-32 rows (the bucket 3, 16, 33 skip), and there its bits differ for every probe row: a chunked
+# sum alone can round like the whole one for some rows, so this path's scale is also 2**-22 off (1 + 2**-22
+# is 1.0000002 in float32; well within float32's tolerance).
+ONE_BUCKET = PLANTED.replace("CHUNKED_ROWS", "16 < rows <= 32").replace(
+    "tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps) * w", "tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps) * w * 1.0000002")
+assert ONE_BUCKET.count("1.0000002") == 1
 
 
 @pytest.fixture(scope="module")
@@ -70,27 +82,73 @@ def verdicts(tmp_path_factory) -> dict:
     from kernelloop.sandbox import CheckOptions, judge_files
 
     planted = tmp_path_factory.mktemp("planted") / "planted_rmsnorm_rows.py"
-    planted.write_text(PLANTED)
+    planted.write_text(PAST_8_ROWS)
     opts = CheckOptions(device="cpu", timing=False, dtypes=("float32",), seed=11)
     control, fault = judge_files("rmsnorm", [CONTROL, planted], opts)
     return {"control": control, "planted": fault}
+
+
+def _sizes(reason: str) -> list[int]:
+    listed = re.match(r"identical bits alone and in batches of ([\d, ]+) \(", reason)
+    assert listed, reason
+    return [int(n) for n in listed.group(1).split(", ")]
 
 
 def test_a_row_count_dependent_reduction_is_correct_but_not_batch_invariant(verdicts: dict) -> None:
     v = verdicts["planted"]
     assert v.correct and v.failure is None, v.reason  # a property, not a failure: the battery passes it
     assert v.batch_invariant is False
-    assert "of a batch of 16 differs from the row alone" in v.invariance_reason, v.invariance_reason
+    failed = FAILED_AT.match(v.invariance_reason)
+    assert failed, v.invariance_reason
+    at, size = int(failed.group(1)), int(failed.group(2))
+    assert 8 < size <= 16 and 0 <= at < size  # the first drawn batch past 8 rows (its stratum is 9-16)
     assert "element (0, " in v.invariance_reason
 
 
 def test_a_row_per_program_kernel_is_batch_invariant_and_the_verdict_json_says_so(verdicts: dict) -> None:
     v = verdicts["control"]
     assert v.correct and v.batch_invariant is True, (v.reason, v.invariance_reason)
-    assert v.invariance_reason.startswith("identical bits alone and in batches of 3, 16, 33")
+    sizes = _sizes(v.invariance_reason)
+    assert len(sizes) == len(CPU_STRATA) and all(lo <= n <= hi for n, (lo, hi) in zip(sizes, CPU_STRATA))
     data = json.loads(v.json_line())
     assert data["batch_invariant"] is True and data["invariance_reason"] == v.invariance_reason
     assert json.loads(verdicts["planted"].json_line())["batch_invariant"] is False
+
+
+def test_the_probes_batches_are_drawn_from_the_seed_one_per_stratum() -> None:
+    for device, strata in (("cpu", CPU_STRATA), ("cuda", CUDA_STRATA)):
+        draws = [draw_batches(seed, device) for seed in range(200)]
+        assert draws[7] == draw_batches(7, device)  # seeded
+        for batches in draws:
+            assert len(batches) == len(strata)
+            assert all(lo <= size <= hi and 0 <= at < size for (size, at), (lo, hi) in zip(batches, strata))
+        for k, (lo, hi) in enumerate(strata):  # every size and every place of a stratum gets drawn: none is fixed
+            assert len({b[k][0] for b in draws}) > (hi - lo + 1) // 2
+            assert len({b[k][1] for b in draws}) > min(lo, 10)
+    assert (CPU_STRATA[0][0], CPU_STRATA[-1][1], CUDA_STRATA[0][0], CUDA_STRATA[-1][1]) == (2, 40, 2, 300)
+
+
+def _module(path: Path, source: str):  # noqa: ANN202
+    path.write_text(source)
+    loader = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+def test_a_kernel_variant_only_between_17_and_32_rows_is_caught_at_every_seed(tmp_path: Path) -> None:
+    spec = get_op("rmsnorm")
+    module = _module(tmp_path / "one_bucket_rmsnorm.py", ONE_BUCKET)
+    old_sizes = ((3, 1), (16, 15), (33, 17))  # the probe's former fixed batches miss it
+    assert probe(spec, module.forward, "cpu", 5, batches=old_sizes).invariant is True
+    for seed in (1, 2, 3, 4, 5):
+        found = probe(spec, module.forward, "cpu", seed)
+        failed = FAILED_AT.match(found.reason)
+        assert found.invariant is False and failed, found.reason
+        at, size = int(failed.group(1)), int(failed.group(2))
+        assert 16 < size <= 32 and (size, at) in draw_batches(seed, "cpu")
+    control = _module(tmp_path / "never_chunked_rmsnorm.py", PLANTED.replace("CHUNKED_ROWS", "False"))
+    assert probe(spec, control.forward, "cpu", 1).invariant is True
 
 
 def test_the_invariance_tables_are_what_the_probe_proves_and_the_pin_is_restored() -> None:

@@ -160,7 +160,7 @@ def test_sandbox_battery_steps_count_trials_against_the_correctness_deadline(tmp
         def _spawn(self, *args, **kwargs):  # noqa: ANN002,ANN003,ANN202
             return child, {"type": "load", "ok": True, "error": None, "constants": {}, "violations": []}
 
-        def _answer(self, v, spec, runner, where, args, expected, shape):  # noqa: ANN001,ANN202
+        def _answer(self, v, spec, runner, where, args, expected, shape, compare=True):  # noqa: ANN001,ANN202
             self.answered += 1
             return None if self.answered == 3 else SimpleNamespace(record={}, inputs=[])
 
@@ -168,7 +168,7 @@ def test_sandbox_battery_steps_count_trials_against_the_correctness_deadline(tmp
             return trial
 
     sandbox = Battery()
-    sandbox._judge(spec, "", "cand.py", plan, Verdict(op="rmsnorm", device="", file="", sha256=""), tmp_path)
+    sandbox._judge(spec, "", "cand.py", plan, Verdict(op="rmsnorm", device="", file="", sha256=""), tmp_path, False)
     steps = _steps(sandbox.messages)
     assert [(s.task, s.done, s.total) for s in steps] == [("sandbox battery", i, 5) for i in (1, 2, 3)]
     assert steps[0].startswith("trial 1/5 (float32 ") and steps[0].detail in steps[0]

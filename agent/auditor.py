@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import httpx
 
@@ -77,9 +77,12 @@ class PollResult:
 
 class Auditor:
     def __init__(self, source: AuditSource, reference: Reference, registry: Registry, history: History,
-                 config: AuditConfig = AuditConfig()) -> None:
+                 config: AuditConfig = AuditConfig(), reload: Callable[[], Any] | None = None) -> None:
+        """`reload`: what reloads the engines after a rollback (default: the audited engine's reload; the
+        daemon of a fleet passes the fleet's, agent/fleet.py, so every engine stops serving the commit)."""
         self.source, self.reference, self.registry, self.history = source, reference, registry, history
         self.config = config
+        self.reload = reload or source.reload
         self._instance: str | None = None
 
     def _read(self) -> tuple[dict[str, Any], int]:
@@ -146,7 +149,7 @@ class Auditor:
         revert = self.registry.rollback(commit)
         log.warning("shadow audit rolled back %s (%s): %s", commit[:10], ", ".join(ops) or "?", reason)
         try:
-            self.source.reload()
+            self.reload()
         except KernelloopError as exc:  # the revert stands; the engine picks it up at its next reload
             log.error("engine reload after the audit rollback failed: %s", exc)
         self.history.record_registry_event(

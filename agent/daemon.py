@@ -38,6 +38,7 @@ class DaemonMetrics:
     last_op: str = ""
     audits: int = 0
     audit_rollbacks: int = 0
+    judges: Callable[[], list[Any]] | None = None  # --cluster: the pool's actors() (sandbox/cluster ActorInfo)
 
     def render(self) -> str:
         lines = ["# TYPE kernelloop_daemon_up gauge", "kernelloop_daemon_up 1",
@@ -50,7 +51,25 @@ class DaemonMetrics:
                   "# TYPE kernelloop_daemon_audits_total counter", f"kernelloop_daemon_audits_total {self.audits}",
                   "# TYPE kernelloop_daemon_audit_rollbacks_total counter",
                   f"kernelloop_daemon_audit_rollbacks_total {self.audit_rollbacks}"]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + self._judge_lines()) + "\n"
+
+    def _judge_lines(self) -> list[str]:
+        """Per-actor gauges of a cluster pool: busy, checks done, failures (as ActorInfo counts them)."""
+        if self.judges is None:
+            return []
+        actors = self.judges()
+        out: list[str] = []
+        for name, kind, value in (("busy", "gauge", lambda a: int(a.busy)), ("checks_total", "counter", lambda a: a.checks),
+                                  ("failures_total", "counter", lambda a: a.failures)):
+            out.append(f"# TYPE kernelloop_judge_{name} {kind}")
+            out += [f'kernelloop_judge_{name}{{actor="{a.index}",node="{_label(a.node)}",device="{_label(a.device)}"}} '
+                    f"{value(a)}" for a in actors]
+        return out
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value, escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def serve_metrics(metrics: DaemonMetrics, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:

@@ -22,8 +22,9 @@ An `EngineHandle` does six things:
 Two implementations: `LocalEngine` (agent/local_engine.py: an Engine in this process, built on first use; the
 one agent module that imports the engine) and `RemoteEngine` (agent/remote.py: a serving engine over HTTP,
 `POST /kernels/reload` and `POST /gate/measure`, `/gate/generate`, `/gate/invariance`). Both take their measurement with engine/gate_measure.py,
-so the two paths give the same figures. The tune loop (agent/loop/context.py) holds one handle and never
-asks which kind it is.
+so the two paths give the same figures. `FleetEngine` (agent/fleet.py, `--engine` repeated) is a handle over
+several RemoteEngines: profiles merged, reloads to all, the gate on the first. The tune loop
+(agent/loop/context.py) holds one handle and never asks which kind it is.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Each entry of this device is judged by the sandbox against the op's own baseline
 registry, which would be itself), at a shape inside its bucket, in its dtype. An entry that is
 wrong now, or whose speedup interval no longer clears 1.0, is a regression: reported, and with
 `rollback=True` undone by a registry revert commit. Every result is a history event (kind "verify").
+With a cluster pool (`agent verify --cluster`), every entry is judged on every device kind the pool
+has, one result per (entry, kind); only a failure on the entry's own kind is a regression.
 """
 
 from __future__ import annotations
@@ -24,24 +26,31 @@ from kernelloop.sandbox.verdict import judge_or_refuse
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """One registry entry of this device, re-judged against its op's baseline."""
+    """One registry entry re-judged against its op's baseline on one device kind."""
 
     entry: Entry
     ok: bool               # still correct and faster than the baseline: the verdict was accepted
     verdict: Verdict       # the sandbox's verdict on the entry now
-    rolled_back: bool      # it was not ok and `rollback=True` undid it with a registry revert commit
+    rolled_back: bool      # it was not ok on its own device kind and `rollback=True` undid it (a revert commit)
+    device: str = ""       # the device kind it was judged on (fingerprint); "": the entry's own
+
+    @property
+    def own_kind(self) -> bool:
+        """Judged on the device kind the entry serves (only there can it regress or be rolled back)."""
+        return self.device in ("", self.entry.device)
 
     @property
     def regressed(self) -> bool:
         """A regression left in place (reported, not rolled back)."""
-        return not self.ok and not self.rolled_back
+        return self.own_kind and not self.ok and not self.rolled_back
 
     def to_json(self) -> dict[str, Any]:
-        """What `agent verify --json` prints for it: the entry's id, ok, rolled_back and the verdict's
-        correct, speedup, speedup_interval, failure and reason."""
+        """What `agent verify --json` prints for it: the entry's id, (--cluster) the device kind it was judged
+        on, ok, rolled_back and the verdict's correct, speedup, speedup_interval, failure and reason."""
         v = self.verdict
-        return {"entry": self.entry.id, "ok": self.ok, "rolled_back": self.rolled_back, "correct": v.correct,
-                "speedup": v.speedup, "speedup_interval": v.speedup_interval, "failure": v.failure, "reason": v.reason}
+        return {"entry": self.entry.id, **({"device": self.device} if self.device else {}), "ok": self.ok,
+                "rolled_back": self.rolled_back, "correct": v.correct, "speedup": v.speedup,
+                "speedup_interval": v.speedup_interval, "failure": v.failure, "reason": v.reason}
 
 
 def bucket_shape(entry: Entry) -> dict[str, int] | None:
@@ -49,34 +58,64 @@ def bucket_shape(entry: Entry) -> dict[str, int] | None:
     return None if entry.bucket == ANY_BUCKET else shape_in_bucket(entry.bucket)
 
 
-def verify_registry(registry: Registry, history: History, device: str, *, rollback: bool = False,
-                    timeout_s: float | None = None, progress: Callable[[str], None] = lambda m: None) -> list[VerifyResult]:
-    """One result per entry of this device, in the registry's order."""
-    fingerprint = device_fingerprint(device)
-    entries = [e for e in registry.entries() if e.device == fingerprint]
-    results: list[VerifyResult] = []
-    for entry in entries:  # the baseline is the op's own kernel, never the entry itself
-        get_op(entry.op)
-        shape = bucket_shape(entry)
-        # an entry serves only its own dtype, so that is the dtype re-checked
-        options = CheckOptions(device=device, registry_baseline=False, dtypes=(entry.dtype,),
-                               timing_shape=shape, timing_dtype=entry.dtype, shapes=(shape,) if shape else (),
-                               min_gain=0.0, timeout_s=timeout_s)
+def _options(entry: Entry, device: str, timeout_s: float | None) -> CheckOptions:
+    get_op(entry.op)
+    shape = bucket_shape(entry)
+    # the baseline is the op's own kernel, never the entry itself; an entry serves only its own dtype
+    return CheckOptions(device=device, registry_baseline=False, dtypes=(entry.dtype,), timing_shape=shape,
+                        timing_dtype=entry.dtype, shapes=(shape,) if shape else (), min_gain=0.0, timeout_s=timeout_s)
+
+
+def _judge_here(registry: Registry, entries: list[Entry], device: str, timeout_s: float | None,
+                progress: Callable[[str], None]) -> list[tuple[Entry, str, Verdict]]:
+    out = []
+    for entry in entries:
         progress(f"verifying {entry.id} ({entry.op} {entry.dtype} [{entry.bucket}])")
-        with Sandbox(options) as sandbox:
-            verdict = judge_or_refuse(sandbox, entry.op, registry.source(entry), entry.id)
+        with Sandbox(_options(entry, device, timeout_s)) as sandbox:
+            out.append((entry, "", judge_or_refuse(sandbox, entry.op, registry.source(entry), entry.id)))
+    return out
+
+
+def _judge_on_pool(registry: Registry, entries: list[Entry], device: str, timeout_s: float | None,
+                   progress: Callable[[str], None], pool: Any) -> list[tuple[Entry, str, Verdict]]:
+    from kernelloop.sandbox.cluster import ClusterJob
+
+    kinds = sorted(pool.device_kinds())
+    pairs = [(entry, kind) for entry in entries for kind in kinds]
+    progress(f"verifying {len(entries)} entries on {len(kinds)} device kinds ({', '.join(kinds)}): {len(pairs)} checks")
+    jobs = [ClusterJob(op=entry.op, source=registry.source(entry), label=entry.id,
+                       options=_options(entry, device, timeout_s), device_kind=kind) for entry, kind in pairs]
+    verdicts = pool.judge(jobs, on_verdict=lambda i, v: progress(
+        f"verified {pairs[i][0].id} on {pairs[i][1]}: {'ok' if v.accepted else v.failure or 'not faster'}"))
+    return [(entry, kind, v) for (entry, kind), v in zip(pairs, verdicts)]
+
+
+def verify_registry(registry: Registry, history: History, device: str, *, rollback: bool = False,
+                    timeout_s: float | None = None, progress: Callable[[str], None] = lambda m: None,
+                    pool: Any = None) -> list[VerifyResult]:
+    """One result per entry of this device, in the registry's order. With a cluster `pool`
+    (sandbox/cluster JudgePool): every entry on every device kind the pool has, one result per pair;
+    only a regression on the entry's own kind is rolled back."""
+    fingerprint = device_fingerprint(device)
+    entries = [e for e in registry.entries() if pool is not None or e.device == fingerprint]
+    judged = (_judge_on_pool(registry, entries, device, timeout_s, progress, pool) if pool is not None
+              else _judge_here(registry, entries, device, timeout_s, progress))
+    results: list[VerifyResult] = []
+    for entry, kind, verdict in judged:
         ok = bool(verdict.accepted)
-        rolled_back = False
-        if not ok and rollback:
+        result = VerifyResult(entry=entry, ok=ok, verdict=verdict, rolled_back=False, device=kind)
+        if not ok and rollback and result.own_kind:
             registry.rollback(entry.id)
-            rolled_back = True
-            history.record_registry_event("rollback", entry.op, entry_id=entry.id, device=fingerprint,
+            result = VerifyResult(entry=entry, ok=ok, verdict=verdict, rolled_back=True, device=kind)
+            history.record_registry_event("rollback", entry.op, entry_id=entry.id, device=entry.device,
                                           dtype=entry.dtype, bucket=entry.bucket, ok=True,
                                           detail={"why": f"verify: {verdict.reason}"})
-        history.record_registry_event("verify", entry.op, entry_id=entry.id, device=fingerprint,
+        history.record_registry_event("verify", entry.op, entry_id=entry.id, device=kind or fingerprint,
                                       dtype=entry.dtype, bucket=entry.bucket, speedup=verdict.speedup, ok=ok,
                                       detail={"failure": verdict.failure, "reason": verdict.reason,
                                               "speedup_interval": verdict.speedup_interval,
-                                              "recorded_speedup": entry.speedup, "rolled_back": rolled_back})
-        results.append(VerifyResult(entry=entry, ok=ok, verdict=verdict, rolled_back=rolled_back))
+                                              "recorded_speedup": entry.speedup, "rolled_back": result.rolled_back,
+                                              "entry_device": entry.device,
+                                              "judged_by": getattr(verdict, "judged_by", None)})
+        results.append(result)
     return results

@@ -10,7 +10,7 @@
 # inside each step.
 #
 # --rehearse: on a machine without a GPU (CI runs it), every step's own Python path on CPU with tiny
-# shapes and Triton's interpreter (each bench takes --rehearse), under a 300 s budget, so a step that
+# shapes and Triton's interpreter (each bench takes --rehearse), under a 420 s budget, so a step that
 # would crash on the GPU crashes here first. Compiling every kernel for sm90 is CI's separate
 # `python -m bench.compile_targets --check` (see .ci/run).
 #
@@ -40,7 +40,7 @@ START=$(date +%s)
 
 # ---- preflight: a GPU must be visible, to nvidia-smi and to torch -------------------------------
 if ((REHEARSE)); then
-    BUDGET_S=${GPU_CHECK_BUDGET_S:-300}
+    BUDGET_S=${GPU_CHECK_BUDGET_S:-420}
     export TRITON_INTERPRET=1
     echo "gpu_check: rehearsal on CPU, Triton interpreted, tiny shapes (nothing here runs on or times a GPU)"
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee "$OUT_DIR/device.txt"
@@ -140,6 +140,11 @@ TUNE_S=100  # the gate's runaway check adds ~10 s on a GPU; the interpreter need
 ((REHEARSE)) && TUNE_S=150
 step tune-gpu "$TUNE_S" "the whole loop: profile, search, sandbox, commit, reload, gate; a correct candidate at least" \
     "$PYTHON" -m bench.tune_gpu "${R[@]}" --out-dir "$OUT_DIR"
+
+CLUSTER_S=30  # skipped at once where Ray is not installed (the H200 image has none)
+((REHEARSE)) && CLUSTER_S=90
+step cluster-gpu "$CLUSTER_S" "the judge as Ray actors, one per GPU: candidates per minute against the local judge" \
+    "$PYTHON" -m bench.cluster_throughput "${R[@]}" --device cuda --candidates 6 --out-dir "$OUT_DIR"
 
 # ---- collect reports written during this run, then the summary (printed last) ---------------------
 if [[ -d docs/benchmarks ]]; then

@@ -17,7 +17,7 @@ import sqlite_utils
 from kernelloop.history.db import HistoryError
 
 BOOL_COLUMNS = ("correct", "accepted", "partial", "ok", "loop", "json_asked", "json_valid")
-JSON_COLUMNS = {"shapes_json": "shapes", "detail_json": "detail"}
+JSON_COLUMNS = {"shapes_json": "shapes", "detail_json": "detail", "judged_by": "judged_by"}
 
 
 def fts_query(text: str) -> str:
@@ -185,6 +185,16 @@ class Queries:
         """Agent runs (of `command` only, when given), newest first, with `detail` parsed."""
         return self._rows("SELECT * FROM agent_runs WHERE (:command IS NULL OR command = :command)"
                           " ORDER BY id DESC LIMIT :limit", {"command": command, "limit": int(limit)})
+
+    def run_judges(self, run_id: int) -> list[dict[str, Any]]:
+        """Which cluster actors judged agent run `run_id`'s candidates: one row per actor (its `judged_by`
+        less `retried`, as JSON), with `verdicts` and `retried` counts; [] when all were judged locally."""
+        rows = self._rows(
+            "SELECT json_remove(v.judged_by, '$.retried') AS judged_by, count(*) AS verdicts,"
+            " sum(coalesce(json_extract(v.judged_by, '$.retried'), 0)) AS retried"
+            " FROM verdicts v JOIN candidates c ON c.id = v.candidate_id"
+            " WHERE c.run_id = ? AND v.judged_by IS NOT NULL GROUP BY 1 ORDER BY 1", [run_id])
+        return sorted(rows, key=lambda r: (r["judged_by"].get("actor", 0), r["judged_by"].get("node", "")))
 
     def audit_samples(self, commit: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """Shadow-audit scores (of registry `commit` only, when given), the newest `limit` (all when None),

@@ -55,7 +55,7 @@ class ReportData:
     rejections: dict[str, dict[str, int]] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # registry events, oldest first
-    runs: list[dict[str, Any]] = field(default_factory=list)    # tune runs, newest first
+    runs: list[dict[str, Any]] = field(default_factory=list)    # tune runs, newest first (+ "judges": run_judges)
     audit: list[dict[str, Any]] = field(default_factory=list)   # shadow-audit scores, oldest first
 
     @property
@@ -73,7 +73,8 @@ def collect(hist: History | None, source: str = "") -> ReportData:
     return ReportData(source=source or str(hist.path), profile=hist.latest_profile(),
                       accepted=hist.accepted_over_time(), rejections=hist.rejection_counts(),
                       attempts=hist.attempts(limit=ATTEMPT_ROWS), events=hist.registry_events(limit=ALL_EVENTS)[::-1],
-                      runs=hist.runs(limit=RUN_ROWS, command="tune"), audit=hist.audit_samples(limit=AUDIT_ROWS))
+                      runs=[{**r, "judges": hist.run_judges(r["id"])} for r in hist.runs(limit=RUN_ROWS, command="tune")],
+                      audit=hist.audit_samples(limit=AUDIT_ROWS))
 
 
 def _e(value: Any) -> str:
@@ -233,14 +234,22 @@ def _loops(rows: list[dict[str, Any]] | None) -> str:
     return f"{f'{new} new loop' + ('s' if new > 1 else '') if new else 'none'} ({most[0]} → {most[1]} repeats, {len(rows)} generations)"
 
 
+def _judges(judges: list[dict[str, Any]] | None) -> str:
+    """Which cluster actors judged a run's candidates: 'actor 0 @ node (device): 3, 1 retried; ...'; 'here'
+    when its sandbox was this process's."""
+    parts = [f"actor {j['judged_by'].get('actor')} @ {j['judged_by'].get('node')} ({j['judged_by'].get('device')}): "
+             f"{j['verdicts']}" + (f", {j['retried']} retried" if j.get("retried") else "") for j in judges or []]
+    return "; ".join(parts) or "here"
+
+
 def _runs_table(runs: list[dict[str, Any]]) -> str:
     if not runs:
         return NO_DATA
     rows = [(r["id"], r.get("op"), r.get("status"), (r.get("detail") or {}).get("reason"),
-             (r.get("detail") or {}).get("candidates"), (r.get("detail") or {}).get("rounds"),
+             (r.get("detail") or {}).get("candidates"), (r.get("detail") or {}).get("rounds"), _judges(r.get("judges")),
              _time(r.get("started_at")), _time(r.get("finished_at"))) for r in runs]
-    return _table(("run", "op", "status", "reason", "candidates", "rounds", "started (UTC)", "finished (UTC)"),
-                  rows, numeric=(0, 4, 5))
+    return _table(("run", "op", "status", "reason", "candidates", "rounds", "judged by", "started (UTC)",
+                   "finished (UTC)"), rows, numeric=(0, 4, 5))
 
 
 def render(data: ReportData) -> str:

@@ -84,8 +84,15 @@ def _v4_audit_samples(db: sqlite_utils.Database) -> None:
     db["audit_samples"].create_index(["instance", "seq"])
 
 
+def _v5_verdict_judged_by(db: sqlite_utils.Database) -> None:
+    """v5: verdicts.judged_by, the cluster actor that judged it (JSON: actor, node, node_id, pid, device,
+    retried; sandbox/cluster); NULL for a local verdict and on rows recorded before it."""
+    db["verdicts"].add_column("judged_by", str)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_tables, _v2_full_text_search,
-                                                            _v3_candidate_label, _v4_audit_samples]
+                                                            _v3_candidate_label, _v4_audit_samples,
+                                                            _v5_verdict_judged_by]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

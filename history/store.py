@@ -148,8 +148,9 @@ class History(queries.Queries):
             return self._insert(db, "candidates", row)
 
     def record_verdict(self, candidate_id: int, verdict: Mapping[str, Any]) -> int:
-        """Store the sandbox's verdict (`Verdict.to_json()`) on a candidate, all of it in `json`;
-        per-round timings when `verdict["timing"]["rounds_detail"]` lists them. Returns its id."""
+        """Store the sandbox's verdict (`Verdict.to_json()`) on a candidate, all of it in `json` (a cluster
+        verdict's `judged_by` in its own column too); per-round timings when `verdict["timing"]["rounds_detail"]`
+        lists them. Returns its id."""
         interval = verdict.get("speedup_interval") or [None, None]
         row = {
             "created_at": now_iso(), "candidate_id": candidate_id, "op": verdict.get("op"),
@@ -158,6 +159,7 @@ class History(queries.Queries):
             "reason": verdict.get("reason"), "stage": verdict.get("stage"), "speedup": verdict.get("speedup"),
             "speedup_lo": interval[0], "speedup_hi": interval[1], "baseline": verdict.get("baseline"),
             "duration_s": verdict.get("duration_s"), "json": _json(verdict),
+            "judged_by": None if verdict.get("judged_by") is None else _json(verdict["judged_by"]),
         }
         timing = verdict.get("timing") or {}
         rounds = timing.get("rounds_detail") if isinstance(timing, Mapping) else None

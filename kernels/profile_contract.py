@@ -80,11 +80,13 @@ class Profile(TypedDict):
     rows: list[ProfileRow]         # every row, largest total_s first
     ncu: NotRequired[dict[str, Any]]  # `agent profile --ncu OP`: profiler/ncu.py's result for that op
     history_id: NotRequired[int]   # `agent profile`: the id the history gave the profile (set after storing)
+    engines: NotRequired[list[dict[str, Any]]]  # a fleet's merged profile (profiler/merge.py): each engine's
+                                   # {"url", "served_tokens", "weight", "output_tokens"}
 
 
 # Keys kept only in the raw JSON (profiles.raw_json), not as columns of history's tables.
 PROFILE_JSON_ONLY = frozenset({"timing_label", "op_timing", "region_timing", "replay_errors", "notes",
-                               "auto_stopped", "cancelled_requests", "rows", "ncu", "history_id"})
+                               "auto_stopped", "cancelled_requests", "rows", "ncu", "history_id", "engines"})
 # `shapes` is stored too, as the JSON text column profile_ops.shapes_json.
 ROW_JSON_ONLY = frozenset({"timing", "in_run_s", "bound", "shapes"})
 

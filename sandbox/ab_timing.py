@@ -23,10 +23,36 @@ from kernelloop.sandbox import judge as judging
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.children import Child, Refused
 from kernelloop.sandbox.messages import Timing
-from kernelloop.sandbox.plan import trial_inputs
+from kernelloop.sandbox.plan import timing_dtype, timing_shape, trial_inputs
 from kernelloop.sandbox.verdict import Verdict
 
 CPU_ROUND_BUDGET_S = 0.1  # CPU: a timing round stops adding calls once each side has this much replay time
+
+
+def planned_timing(spec: OpSpec, options: Any) -> tuple[dict, str]:
+    """(shape, dtype) the plan times a candidate at, as asked (before the CPU cuts it to the
+    interpreter's scale): what the registry's bucket is chosen by (sandbox.plan.make_plan)."""
+    shape = dict(options.timing_shape) if options.timing_shape else timing_shape(spec, options)
+    return shape, timing_dtype(spec, options)
+
+
+def registry_baseline(spec: OpSpec, options: Any, fingerprint: str, shape: dict | None = None,
+                      dtype: str | None = None) -> tuple[str, str] | None:
+    """(source, entry id) of the registry's current choice (`options.registry`) for the device, dtype
+    and the shape's bucket (default: `planned_timing`); None when `options.registry_baseline` is off,
+    there is no registry or no choice, or the entry's file does not match its hash."""
+    if not options.registry_baseline:
+        return None
+    registry = Registry(options.registry)
+    if not registry.exists():
+        return None
+    if shape is None or dtype is None:
+        shape, dtype = planned_timing(spec, options)
+    entry = registry.select(spec.name, fingerprint, dtype, spec.bucket(shape))
+    if entry is None:
+        return None
+    source = registry.source(entry)
+    return (source, entry.id) if sha256_text(source) == entry.sha256 else None
 
 
 class ABTiming:
@@ -39,17 +65,14 @@ class ABTiming:
     _phase: str
 
     def _baseline(self, spec: OpSpec, timing: Timing, v: Verdict) -> tuple[str | None, str]:
-        """(source or None for the op's own kernel, label): the registry's current choice for the bucket
+        """(source or None for the op's own kernel, label): the baseline given as data
+        (`options.baseline`, from a cluster's head), else the registry's current choice for the bucket
         asked for (the CPU may time a smaller shape, sandbox.plan), else the op's own kernel."""
-        registry = Registry(self.options.registry)
-        if self.options.registry_baseline and registry.exists():
-            bucket = spec.bucket(timing.get("asked_shape", timing["shape"]))
-            entry = registry.select(spec.name, self.fingerprint, timing["dtype"], bucket)
-            if entry is not None:
-                source = registry.source(entry)
-                if sha256_text(source) == entry.sha256:
-                    v.baseline = f"registry {entry.id}"
-                    return source, entry.id
+        found = self.options.baseline or registry_baseline(
+            spec, self.options, self.fingerprint, timing.get("asked_shape", timing["shape"]), timing["dtype"])
+        if found is not None:
+            v.baseline = f"registry {found[1]}"
+            return found
         v.baseline = "the op's baseline kernel"
         return None, "baseline"
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -54,3 +55,35 @@ class CheckOptions:
     unconfined: bool = False
     compile_for: tuple[str, ...] = ()
     batch_invariance: bool = True
+    baseline: tuple[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data (a Path as text, tuples as lists); `from_json` gives back an equal object."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = [dict(v) if isinstance(v, dict) else v for v in value]
+            elif isinstance(value, dict):
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CheckOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown check options: {', '.join(unknown)}")
+        values = dict(data)
+        if values.get("registry") is not None:
+            values["registry"] = Path(values["registry"])
+        for name in ("dtypes", "shapes", "compile_for"):
+            if name in values:
+                values[name] = tuple(dict(v) if isinstance(v, dict) else v for v in values[name])
+        if values.get("baseline") is not None:
+            source, label = values["baseline"]
+            values["baseline"] = (source, label)
+        return cls(**values)

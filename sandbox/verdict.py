@@ -78,6 +78,9 @@ class Verdict:
     # bits do not depend on the batch; None when not probed (an op without independent rows, probe off).
     batch_invariant: bool | None = None
     invariance_reason: str = ""
+    # Who judged it, on a cluster (sandbox/cluster): {"actor", "node", "node_id", "pid", "device",
+    # "retried"}; None for a verdict of the local judge.
+    judged_by: dict[str, Any] | None = None
 
     def fail(self, failure: str, reason: str) -> "Verdict":
         assert failure in FAILURES, failure
@@ -90,6 +93,13 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Verdict":
+        """The inverse of `to_json` (its Check objects rebuilt)."""
+        values = dict(data)
+        values["checks"] = [Check(**c) for c in values.get("checks", [])]
+        return cls(**values)
 
     def json_line(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"))

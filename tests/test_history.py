@@ -64,7 +64,7 @@ def test_new_file_gets_parents_wal_and_current_schema(tmp_path):
     path = tmp_path / "deep" / "er" / "h.db"
     with History(path) as h:
         assert h.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert h.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert h.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert h.db.execute("PRAGMA busy_timeout").fetchone()[0] >= 30000
         assert {"profiles", "profile_ops", "candidates", "verdicts", "timings", "registry_events", "agent_runs",
                 "candidates_fts", "verdicts_fts", "audit_samples"} <= set(h.db.table_names())

@@ -44,5 +44,7 @@ def test_a_committed_kernel_says_how_to_serve_it() -> None:
     local = serving_hint(state, argparse.Namespace(engine=None, model="smollm2"), "/r", "/m")
     assert local.startswith("to serve it: engine serve --kernels registry --registry /r --model smollm2")
     assert 'variant="registry:rmsnorm-abc"' in local
-    remote = serving_hint(state, argparse.Namespace(engine="http://h:1", model=None), "/r", "/m")
+    remote = serving_hint(state, argparse.Namespace(engine=["http://h:1"], model=None), "/r", "/m")
     assert remote.startswith("http://h:1 serves it now (reloaded)")
+    fleet = serving_hint(state, argparse.Namespace(engine=["http://h:1", "http://h:2"], model=None), "/r", "/m")
+    assert fleet.startswith("http://h:1, http://h:2 serve it now (reloaded)")

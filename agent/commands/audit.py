@@ -45,8 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def build_auditor(url: str, registry: str | Path | None, history: Any, model: str | None, window: int) -> Any:
-    """An Auditor of the engine at `url`, its reference a float32 in-process engine of the same model."""
+def build_auditor(url: str, registry: str | Path | None, history: Any, model: str | None, window: int,
+                  reload: Any = None) -> Any:
+    """An Auditor of the engine at `url`, its reference a float32 in-process engine of the same model;
+    `reload`: what reloads after a rollback (a fleet's reload; default the engine at `url`)."""
     from kernelloop.agent.auditor import Auditor, EngineAudit
     from kernelloop.agent.local_engine import LocalEngine
     from kernelloop.agent.shadow_audit import AuditConfig
@@ -62,7 +64,7 @@ def build_auditor(url: str, registry: str | Path | None, history: Any, model: st
     reg = Registry(registry or source.health.get("registry"))
     reference = LocalEngine(name="the audit's reference", model=model, device="cpu", kernels="reference",
                             dtype="float32")
-    return Auditor(source, reference, reg, history, AuditConfig(window=window, min_samples=min(window, 5)))
+    return Auditor(source, reference, reg, history, AuditConfig(window=window, min_samples=min(window, 5)), reload)
 
 
 def describe(result: Any) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any, Callable
 
-from kernelloop.agent.commands.common_args import (add_device_argument, add_history_argument, add_min_gain_argument,
-                                                  add_registry_argument, add_timeout_argument, check_timeout_argument)
+from kernelloop.agent.commands.common_args import (add_cluster_arguments, add_device_argument, add_history_argument,
+                                                  add_min_gain_argument, add_registry_argument, add_timeout_argument,
+                                                  check_timeout_argument, open_pool)
 from kernelloop.agent.render import print_table, throttled
 from kernelloop.kernels.errors import KernelloopError
 
@@ -39,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile-for", default=None, metavar="TARGETS",
                    help="also compile each correct candidate for these GPU targets on CPU, e.g. sm90,sm80; refuse "
                         "it (failure compile-target) if a kernel does not compile, spills or exceeds shared memory")
+    add_cluster_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -76,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from kernelloop.kernels.device import resolve_device
     from kernelloop.kernels.spec import parse_dtype
     from kernelloop.kernels.target_compile import parse_targets
-    from kernelloop.sandbox import CheckOptions, Sandbox
-    from kernelloop.kernels.candidate.source_text import read_source
-    from kernelloop.kernels.display import storable_text
-    from kernelloop.sandbox.verdict import judge_or_refuse
+    from kernelloop.sandbox import CheckOptions
 
     from kernelloop.agent.progress_view import ProgressView
 
@@ -103,22 +103,16 @@ def run(args: argparse.Namespace) -> int:
         shapes=shapes, timing=not args.no_timing, min_gain=args.min_gain, timeout_s=args.timeout,
         memory_mb=args.memory_mb, seed=args.seed, fork_server=not args.fresh_interpreter,
         unconfined=args.unconfined, compile_for=compile_for)
-    verdicts = []
     history = None if args.no_history else History(args.history)
-    with ProgressView() as view, Sandbox(options, progress=throttled(view, prefix="    ")) as sandbox:
-        for i, path in enumerate(files, 1):  # bars on a terminal (stderr), plain lines otherwise
-            view(f"[{i}/{len(files)}] {path} ...")
-            source = read_source(path)  # bytes that are not UTF-8 stay visible to the static check, which refuses them
-            v = judge_or_refuse(sandbox, spec.name, source, str(path))  # a verdict whatever the text
-            if history is not None:
-                history.record_attempt(spec.name, storable_text(source), "human", v.to_json(), label=path.name)
-            view(f"[{i}/{len(files)}] {path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"
-                 f" ({v.duration_s:.1f} s) {v.reason}")
-            verdicts.append(v)
-            if args.json:
-                print(v.json_line(), flush=True)
-    if history is not None:
-        history.close()
+    try:
+        with ProgressView() as view:  # bars on a terminal (stderr), plain lines otherwise
+            if args.cluster or args.cluster_workers:  # open_pool: --cluster-workers alone is a usage error
+                verdicts = _judge_on_cluster(args, spec.name, files, options, history, view)
+            else:
+                verdicts = _judge_here(args, spec.name, files, options, history, view)
+    finally:
+        if history is not None:
+            history.close()
     if not args.json:
         rows = [(Path(v.file).name, "yes" if v.correct else "no", "yes" if v.accepted else "no",
                  f"{v.speedup:.3f}x" if v.speedup is not None else "-", v.failure or "-", v.reason) for v in verdicts]
@@ -127,3 +121,61 @@ def run(args: argparse.Namespace) -> int:
         for v in verdicts:
             print(v.json_line())
     return 0
+
+
+def _outcome(path: Path, v: Any) -> str:
+    return (f"{path}: {'ACCEPTED' if v.accepted else 'correct' if v.correct else 'REJECTED'}"
+            f" ({v.duration_s:.1f} s) {v.reason}")
+
+
+def _record(history: Any, op: str, source: str, path: Path, v: Any) -> None:
+    from kernelloop.kernels.display import storable_text
+
+    if history is not None:
+        history.record_attempt(op, storable_text(source), "human", v.to_json(), label=path.name)
+
+
+def _judge_here(args: argparse.Namespace, op: str, files: list[Path], options: Any, history: Any,
+                view: Callable[[str], None]) -> list[Any]:
+    """One candidate after another in this process's sandbox; a JSON line as each verdict comes."""
+    from kernelloop.kernels.candidate.source_text import read_source
+    from kernelloop.sandbox import Sandbox
+    from kernelloop.sandbox.verdict import judge_or_refuse
+
+    verdicts = []
+    with Sandbox(options, progress=throttled(view, prefix="    ")) as sandbox:
+        for i, path in enumerate(files, 1):
+            view(f"[{i}/{len(files)}] {path} ...")
+            source = read_source(path)  # bytes that are not UTF-8 stay visible to the static check, which refuses them
+            v = judge_or_refuse(sandbox, op, source, str(path))  # a verdict whatever the text
+            _record(history, op, source, path, v)
+            view(f"[{i}/{len(files)}] {_outcome(path, v)}")
+            verdicts.append(v)
+            if args.json:
+                print(v.json_line(), flush=True)
+    return verdicts
+
+
+def _judge_on_cluster(args: argparse.Namespace, op: str, files: list[Path], options: Any, history: Any,
+                      view: Callable[[str], None]) -> list[Any]:
+    """--cluster: every candidate at once across the pool's judges, each recorded as its verdict arrives;
+    the JSON lines in file order once all are in."""
+    from kernelloop.kernels.candidate.source_text import read_source
+    from kernelloop.sandbox.cluster import ClusterJob
+
+    sources = [read_source(path) for path in files]
+    jobs = [ClusterJob(op=op, source=source, label=str(path), options=options) for path, source in zip(files, sources)]
+    done: list[int] = []
+    with open_pool(args, options.device, progress=view) as pool:
+        view(f"judging {len(jobs)} candidates on {pool.size} judges")
+
+        def arrived(i: int, v: Any) -> None:
+            done.append(i)
+            _record(history, op, sources[i], files[i], v)
+            view(f"[{len(done)}/{len(jobs)}] {_outcome(files[i], v)}")  # the pool says how many are in flight
+
+        verdicts = pool.judge(jobs, on_verdict=arrived)
+    if args.json:
+        for v in verdicts:
+            print(v.json_line(), flush=True)
+    return verdicts

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from kernelloop.agent.loop.state import GateConfig, TuneSettings
 from kernelloop.agent.proposers.base import Proposer
@@ -24,9 +25,11 @@ CUDA_TASKS = "agent-v1"  # the task audit's default suite on cuda (cpu: off)
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", default=None, metavar="URL",
+    p.add_argument("--engine", action="append", default=None, metavar="URL",
                    help="tune a running engine (started with --kernels registry, on this machine: the agent commits to its "
-                        "registry and builds the gate's reference from its model directory); default: an in-process engine")
+                        "registry and builds the gate's reference from its model directory); default: an in-process engine. "
+                        "Repeat it to tune a fleet serving the same model and registry: their profiles are merged, weighted "
+                        "by served tokens, every engine reloads, the gate runs on the first")
     add_device_argument(p, "where candidates are judged and the in-process engine runs")
     p.add_argument("--model", default=None, metavar="DIR|NAME",
                    help="model directory or a known name (smollm2) (default: the embedded model)")
@@ -67,6 +70,29 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                         f"1 - F (default {GateConfig.task_tolerance})")
     add_registry_argument(p)
     add_history_argument(p)
+    add_cluster_arguments(p)
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """--cluster and --cluster-workers, for every command that judges (check, tune, daemon, verify)."""
+    p.add_argument("--cluster", default=None, metavar="ADDRESS",
+                   help="judge on a Ray cluster (pip install 'kernelloop[ray]'): auto (the cluster running on this "
+                        "machine, else a local one), or host:port / ray://host:port of an existing one; one judge "
+                        "per GPU, or per --cluster-workers core on cpu (default: judge here, in this process's sandbox)")
+    p.add_argument("--cluster-workers", type=positive_int, default=None, metavar="N",
+                   help="with --cluster on cpu: judges to start (default: the cluster's CPU count)")
+
+
+def open_pool(args: argparse.Namespace, device: str, progress: Callable[[str], None] | None = None) -> Any:
+    """The JudgePool (sandbox/cluster) that --cluster asks for, or None without it. Missing Ray or an
+    unreachable cluster raises ClusterUnavailable (a KernelloopError: one line, exit 2)."""
+    if not getattr(args, "cluster", None):
+        if getattr(args, "cluster_workers", None) is not None:
+            raise KernelloopError("--cluster-workers needs --cluster ADDRESS")
+        return None
+    from kernelloop.sandbox.cluster import JudgePool
+
+    return JudgePool(args.cluster, device=device, workers=args.cluster_workers, progress=progress)
 
 
 def positive_int(text: str) -> int:

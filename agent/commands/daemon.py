@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
-                                                  close_proposers, gate_config, tune_settings)
+                                                  close_proposers, gate_config, open_pool, tune_settings)
 from kernelloop.agent.commands.audit import add_audit_window_argument
 from kernelloop.agent.commands.tune import engine_target
 from kernelloop.agent.render import SafeFormatter
@@ -71,13 +71,18 @@ def run(args: argparse.Namespace) -> int:
         with History(args.history) as history, ProgressView(log.info) as progress:  # bars on a terminal
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
                               device=device, model=model, engine=remote,
-                              gate=gate_config(args, device), progress=progress)
+                              gate=gate_config(args, device), progress=progress,
+                              pool=open_pool(args, device, progress) if not args.audit_only else None)
+            if ctx.pool is not None:
+                metrics.judges = ctx.pool.actors  # per-actor gauges on /metrics
             auditor = None
             if remote is not None and not args.no_audit:
                 from kernelloop.agent.commands.audit import build_auditor
 
-                auditor = build_auditor(args.engine, registry, history, model, args.audit_window)
-                log.info("shadow audit of %s every %g s (window %d)", args.engine, args.audit_every, args.audit_window)
+                # A fleet's shadow audit reads the first (gate) engine's sampled traffic; a rollback reloads all.
+                auditor = build_auditor(args.engine[0], registry, history, model, args.audit_window,
+                                        reload=remote.reload if len(args.engine) > 1 else None)
+                log.info("shadow audit of %s every %g s (window %d)", args.engine[0], args.audit_every, args.audit_window)
             daemon = Daemon(ctx, settings, interval_s=args.interval, max_runs=args.max_runs,
                             max_seconds=args.max_hours * 3600 if args.max_hours else None, metrics=metrics,
                             auditor=auditor, audit_every_s=args.audit_every, tune=not args.audit_only)

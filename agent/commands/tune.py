@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
-                                                  close_proposers, gate_config, tune_settings)
+                                                  close_proposers, gate_config, open_pool, tune_settings)
 from kernelloop.agent.render import print_json, print_table
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import KernelloopError
@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def engine_target(args: argparse.Namespace) -> tuple[Any, str, str | None, str | None]:
     """(the engine handle to tune, device, registry path, model dir) from --engine/--device/--registry/--model.
-    The handle is a RemoteEngine with --engine; None without (LoopContext then tunes a LocalEngine)."""
+    The handle is a RemoteEngine with one --engine, a FleetEngine (agent/fleet.py) with several; None without
+    (LoopContext then tunes a LocalEngine)."""
     import torch
 
     from kernelloop.agent.remote import RemoteEngine
@@ -50,11 +51,17 @@ def engine_target(args: argparse.Namespace) -> tuple[Any, str, str | None, str |
     device = resolve_device(args.device)
     if not args.engine:
         return None, device, args.registry, args.model
-    remote = RemoteEngine(args.engine)
+    if len(args.engine) > 1:
+        from kernelloop.agent.fleet import FleetEngine
+
+        remote: Any = FleetEngine.connect(args.engine)
+    else:
+        remote = RemoteEngine(args.engine[0])
     served = remote.health.get("device", "")
     device = "cpu" if served == device_fingerprint("cpu") else "cuda"
     if device == "cuda" and (not torch.cuda.is_available() or served != device_fingerprint("cuda")):
-        raise KernelloopError(f"{args.engine} runs on {served!r}; candidates must be judged on the same device here")
+        raise KernelloopError(f"{', '.join(args.engine)} runs on {served!r}; candidates must be judged on the same "
+                              "device here")
     registry = args.registry or remote.health.get("registry")
     model = args.model or remote.health.get("model_dir")
     if not model or not Path(model).is_dir():
@@ -103,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         with History(args.history) as history, ProgressView() as progress:  # bars on a terminal, else lines
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
                               device=device, model=model, engine=remote,
-                              gate=gate_config(args, device), progress=progress)
+                              gate=gate_config(args, device), progress=progress,
+                              pool=open_pool(args, device, progress))
             try:
                 previous = unfinished_run(ctx, args.op)
                 if previous is not None and args.restart:
@@ -130,7 +138,7 @@ def serving_hint(state: dict[str, Any], args: argparse.Namespace, registry: str 
     entry = state["committed"]["entry_id"]
     metric = f'kernelloop_kernel_variant{{op="{state["op"]}",...,variant="registry:{entry}"}} 1'
     if args.engine:
-        return f"{args.engine} serves it now (reloaded); its /metrics shows {metric}"
+        return f"{', '.join(args.engine)} serve{'s' if len(args.engine) == 1 else ''} it now (reloaded); /metrics shows {metric}"
     command = " ".join(["engine serve --kernels registry", *(["--registry", str(registry)] if registry else []),
                         *(["--model", str(args.model)] if args.model else [])])
     return f"to serve it: {command} (then /metrics shows {metric} once that shape has run)"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernelloop.agent.commands.common_args import (add_device_argument, add_history_argument, add_registry_argument,
-                                                  add_timeout_argument, check_timeout_argument)
+from kernelloop.agent.commands.common_args import (add_cluster_arguments, add_device_argument, add_history_argument,
+                                                  add_registry_argument, add_timeout_argument, check_timeout_argument,
+                                                  open_pool)
 from kernelloop.agent.render import print_json, print_table
 from kernelloop.kernels.errors import KernelloopError
 
@@ -24,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_history_argument(p)
     add_timeout_argument(p, "one entry")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    add_cluster_arguments(p)  # --cluster: every entry on every device kind the cluster has, reported per kind
     p.set_defaults(run=run)
 
 
@@ -39,9 +41,15 @@ def run(args: argparse.Namespace) -> int:
     registry = Registry(args.registry)
     if args.registry is not None and not registry.path.exists():
         raise KernelloopError(f"registry {registry.path} does not exist")
-    with History(args.history) as history:
-        results = verify_registry(registry, history, device, rollback=args.rollback, timeout_s=args.timeout,
-                                  progress=lambda m: print(m, file=sys.stderr, flush=True))
+    progress = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    pool = open_pool(args, device, progress)
+    try:
+        with History(args.history) as history:
+            results = verify_registry(registry, history, device, rollback=args.rollback, timeout_s=args.timeout,
+                                      progress=progress, pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
     if args.engine and any(r.rolled_back for r in results):
         try:
             RemoteEngine(args.engine, timeout_s=60).reload()
@@ -50,11 +58,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json([r.to_json() for r in results])
     else:
-        table = [(r.entry.id, r.entry.op, r.entry.dtype, r.entry.bucket, f"{r.entry.speedup:.2f}x",
-                  f"{r.verdict.speedup:.2f}x" if r.verdict.speedup else "-",
-                  "ok" if r.ok else ("ROLLED BACK" if r.rolled_back else "REGRESSED"), r.verdict.reason)
-                 for r in results]
-        print_table("agent verify", ("entry", "op", "dtype", "bucket", "recorded", "now", "status", "reason"), table)
+        kinds = pool is not None  # a column: the device kind each entry was judged on
+        table = [(r.entry.id, r.entry.op, r.entry.dtype, r.entry.bucket, *((r.device,) if kinds else ()),
+                  f"{r.entry.speedup:.2f}x", f"{r.verdict.speedup:.2f}x" if r.verdict.speedup else "-",
+                  "ok" if r.ok else ("ROLLED BACK" if r.rolled_back else "REGRESSED" if r.own_kind else "refused here"),
+                  r.verdict.reason) for r in results]
+        print_table("agent verify", ("entry", "op", "dtype", "bucket", *(("judged on",) if kinds else ()), "recorded",
+                                     "now", "status", "reason"), table)
         if not results:
             print("no registry entries for this device")
     return 1 if any(r.regressed for r in results) else 0

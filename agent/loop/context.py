@@ -36,6 +36,9 @@ class LoopContext:
     random_weights: bool = False         # a shapes-only model directory (no weights): seeded random weights
     gate: GateConfig = field(default_factory=GateConfig)
     progress: Callable[[str], None] = lambda message: None
+    # --cluster: the JudgePool (sandbox/cluster) that judges a round's candidates at once; None: this
+    # process's sandboxes, one candidate per check step. Owned here: close() closes it.
+    pool: Any = None
     _reference: LocalEngine | None = None
     _prompt_ids: list[list[int]] | None = None
     _reference_measurement: Measurement | None = None
@@ -156,6 +159,9 @@ class LoopContext:
         return self._sandboxes[key]
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         for sandbox in self._sandboxes.values():
             sandbox.close()
         self._sandboxes.clear()

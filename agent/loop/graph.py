@@ -1,7 +1,8 @@
 """The tune loop as a langgraph StateGraph, checkpointed to SQLite after every step.
 
-    profile -> propose -> check (one candidate per step, until none is pending)
-                  ^          |-- an accepted candidate --> gate_before -> commit -> gate_after -> finish
+    profile -> propose -> check (one candidate per step, until none is pending; with a
+                  ^          |    cluster pool, all of the round's candidates in one step)
+                  |          |-- an accepted candidate --> gate_before -> commit -> gate_after -> finish
                   |          |-- rounds left ----------> propose (with the verdicts as feedback)
                   +----------|-- otherwise -----------> finish
 

@@ -138,7 +138,7 @@ class Nodes:
         for name, proposer in check_proposers(ctx.proposers).items():
             feedback = [(Proposal(j["source"], j["proposer"], j["label"]), j["verdict"])
                         for j in state["judged"] if j["proposer"] == name]
-            for p in proposer.propose(tctx, feedback, self.settings.candidates):
+            for p in proposer.propose(tctx, feedback, self._per_proposer()):
                 p = _storable(p)
                 sha = sha256_text(p.source)
                 cid = ctx.history.find_candidate(state["run_id"], sha)
@@ -166,6 +166,11 @@ class Nodes:
             update.update(status="no-winner", reason=why or "the proposers had nothing new to try")
         return update
 
+    def _per_proposer(self) -> int:
+        """Candidates asked of each proposer: --candidates; with a pool, as many as it has judges, capped by it."""
+        pool = self.ctx.pool
+        return self.settings.candidates if pool is None else max(1, min(self.settings.candidates, pool.size))
+
     def _record_candidate(self, state: TuneState, p: Proposal) -> int:
         return self.ctx.history.record_candidate(
             state["op"], p.source, p.proposer, model=p.model, prompt=p.prompt, tokens_prompt=p.tokens_prompt,
@@ -190,28 +195,67 @@ class Nodes:
         return {"candidate_id": cid, "sha256": sha256_text(p.source), "source": p.source, "proposer": p.proposer,
                 "label": p.label, "verdict": _trim(verdict)}
 
+    def _options(self, state: TuneState) -> CheckOptions:
+        # The committed entry serves only the profiled dtype (entries are per op, device, dtype,
+        # bucket), so the battery checks that dtype: a third of the interpreter's time.
+        return CheckOptions(device=self.settings.device, registry=self.ctx.registry.path, dtypes=(state["dtype"],),
+                            shapes=tuple(state["shapes"]), timing_shape=state["shapes"][0],
+                            timing_dtype=state["dtype"], min_gain=self.settings.min_gain,
+                            **({"timeout_s": self.settings.sandbox_timeout_s} if self.settings.sandbox_timeout_s else {}))
+
+    def _previous(self, item: dict[str, Any]) -> dict[str, Any] | None:
+        """The verdict a candidate already has (judged before a crash: it stands, never judged twice)."""
+        verdicts = (self.ctx.history.candidate(item["candidate_id"]) or {}).get("verdicts") or []
+        return verdicts[-1] if verdicts else None
+
+    def _judged(self, item: dict[str, Any], verdict: dict[str, Any], show: bool = True) -> dict[str, Any]:
+        """The candidate with its trimmed verdict, for the state (and its outcome shown)."""
+        trimmed = _trim(verdict)
+        if show:
+            shown = f"{trimmed['speedup']:.3f}x" if trimmed["speedup"] else "-"
+            by = verdict.get("judged_by")
+            where = f" (actor {by['actor']} on {by['node']}{', retried' if by.get('retried') else ''})" if by else ""
+            self.ctx.progress(f"  {item['label']}: {'ACCEPTED' if trimmed['accepted'] else trimmed['failure']} {shown}{where}")
+        return {**item, "verdict": trimmed}
+
     def check(self, state: TuneState) -> dict[str, Any]:
+        if self.ctx.pool is not None:
+            return self._check_round(state)
         ctx = self.ctx
         item, rest = state["pending"][0], state["pending"][1:]
-        previous = (ctx.history.candidate(item["candidate_id"]) or {}).get("verdicts") or []
-        if previous:  # judged before a crash: the verdict stands, the candidate is not judged twice
-            verdict = previous[-1]
-        else:
-            # The committed entry serves only the profiled dtype (entries are per op, device, dtype,
-            # bucket), so the battery checks that dtype: a third of the interpreter's time.
-            options = CheckOptions(device=self.settings.device, registry=ctx.registry.path, dtypes=(state["dtype"],),
-                                   shapes=tuple(state["shapes"]), timing_shape=state["shapes"][0],
-                                   timing_dtype=state["dtype"], min_gain=self.settings.min_gain,
-                                   **({"timeout_s": self.settings.sandbox_timeout_s}
-                                      if self.settings.sandbox_timeout_s else {}))
+        verdict = self._previous(item)
+        if verdict is None:
             ctx.progress(f"checking {item['label']}")
-            v = judge_or_refuse(ctx.sandbox(options), state["op"], item["source"], item["label"])  # recorded, never raised
+            v = judge_or_refuse(ctx.sandbox(self._options(state)), state["op"], item["source"], item["label"])  # recorded, never raised
             verdict = v.to_json()
             ctx.history.record_verdict(item["candidate_id"], verdict)
-        trimmed = _trim(verdict)
-        shown = f"{trimmed['speedup']:.3f}x" if trimmed["speedup"] else "-"
-        ctx.progress(f"  {item['label']}: {'ACCEPTED' if trimmed['accepted'] else trimmed['failure']} {shown}")
-        return {"pending": rest, "judged": state["judged"] + [{**item, "verdict": trimmed}]}
+        return {"pending": rest, "judged": state["judged"] + [self._judged(item, verdict)]}
+
+    def _check_round(self, state: TuneState) -> dict[str, Any]:
+        """--cluster: every pending candidate of the round judged at once across the pool's actors, each
+        verdict recorded here (the head: one SQLite writer) as it arrives; a candidate that already has a
+        verdict (a head killed mid-round) keeps it and is not sent again."""
+        from kernelloop.sandbox.cluster import ClusterJob
+
+        ctx, items = self.ctx, state["pending"]
+        verdicts = {i: v for i, v in ((i, self._previous(item)) for i, item in enumerate(items)) if v is not None}
+        todo = [i for i in range(len(items)) if i not in verdicts]
+        if todo:
+            options = self._options(state)
+            # judged on the device kind the entry will serve (the pool refuses a kind it has no judge for)
+            jobs = [ClusterJob(op=state["op"], source=items[i]["source"], label=items[i]["label"], options=options,
+                               device_kind=self.fingerprint) for i in todo]
+            ctx.progress(f"checking {len(jobs)} candidates on {ctx.pool.size} judges"
+                         + (f" ({len(verdicts)} judged before a restart)" if verdicts else ""))
+
+            def record(j: int, v: Any) -> None:
+                verdicts[todo[j]] = v.to_json()
+                ctx.history.record_verdict(items[todo[j]]["candidate_id"], verdicts[todo[j]])
+                self._judged(items[todo[j]], verdicts[todo[j]])  # shown as it arrives
+
+            ctx.pool.judge(jobs, on_verdict=record)
+        judged = [self._judged(item, verdicts[i], show=i not in todo) for i, item in enumerate(items)]
+        return {"pending": [], "judged": state["judged"] + judged}
 
     # -- accept: gate, commit, reload, verify ------------------------------------------------------
 
@@ -257,10 +301,13 @@ class Nodes:
         entry_id, commit_sha = state["committed"]["entry_id"], state["committed"]["commit_sha"]
         events = self._run_events(state, entry_id)
         changed = ctx.reload()  # always: a resumed run's engine must serve the commit again
+        # The engine the gate measures (a fleet's first, agent/fleet.py), and a fleet's engines reloaded.
+        gate_engine = getattr(ctx.engine, "url", "in-process")
+        fleet = {"engines": list(ctx.engine.urls)} if hasattr(ctx.engine, "urls") else {}
         if "reload" not in events:
             ctx.history.record_registry_event("reload", op, entry_id=entry_id, ok=True, run_id=run_id,
                                               detail={"changed": {k: {b: list(v) for b, v in c.items()}
-                                                                  for k, c in changed.items()}})
+                                                                  for k, c in changed.items()}, **fleet})
         if "gate" in events:  # judged before a crash: the result stands
             stored = events["gate"]["detail"]
             result = GateResult(**{k: stored[k] for k in GateResult.__dataclass_fields__ if k in stored})
@@ -274,10 +321,11 @@ class Nodes:
             ctx.reload()  # back to HEAD, which holds the commit
             result = judge(state["gate_before"], after, speed, ctx.gate)
             ctx.history.record_registry_event("gate", op, entry_id=entry_id, ok=result.ok, run_id=run_id,
-                                              detail={**result.to_json(), "speed": speed})
+                                              detail={**result.to_json(), "speed": speed, "engine": gate_engine})
         ctx.progress(f"end-to-end gate: {'passed' if result.ok else 'FAILED'}: {result.reason}")
+        gate = {**result.to_json(), "engine": gate_engine}
         if result.ok:
-            return {"gate": result.to_json(), "status": "winner", "reason": state["winner"]["verdict"]["reason"]}
+            return {"gate": gate, "status": "winner", "reason": state["winner"]["verdict"]["reason"]}
         entry = self._current_entry(state)
         if entry is not None and entry.id == entry_id:
             ctx.registry.rollback(entry.id)
@@ -285,7 +333,7 @@ class Nodes:
             ctx.history.record_registry_event("rollback", op, entry_id=entry_id, ok=True, run_id=run_id,
                                               detail={"why": result.reason})
         ctx.reload()
-        return {"gate": result.to_json(), "status": "gate-failed", "reason": f"rolled back: {result.reason}"}
+        return {"gate": gate, "status": "gate-failed", "reason": f"rolled back: {result.reason}"}
 
     def finish(self, state: TuneState) -> dict[str, Any]:
         status = state.get("status") or "no-winner"

@@ -11,7 +11,7 @@ has, one result per (entry, kind); only a failure on the entry's own kind is a r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from kernelloop.history import History
@@ -106,7 +106,7 @@ def verify_registry(registry: Registry, history: History, device: str, *, rollba
         result = VerifyResult(entry=entry, ok=ok, verdict=verdict, rolled_back=False, device=kind)
         if not ok and rollback and result.own_kind:
             registry.rollback(entry.id)
-            result = VerifyResult(entry=entry, ok=ok, verdict=verdict, rolled_back=True, device=kind)
+            result = replace(result, rolled_back=True)
             history.record_registry_event("rollback", entry.op, entry_id=entry.id, device=entry.device,
                                           dtype=entry.dtype, bucket=entry.bucket, ok=True,
                                           detail={"why": f"verify: {verdict.reason}"})
@@ -116,6 +116,6 @@ def verify_registry(registry: Registry, history: History, device: str, *, rollba
                                               "speedup_interval": verdict.speedup_interval,
                                               "recorded_speedup": entry.speedup, "rolled_back": result.rolled_back,
                                               "entry_device": entry.device,
-                                              "judged_by": getattr(verdict, "judged_by", None)})
+                                              "judged_by": verdict.judged_by})
         results.append(result)
     return results

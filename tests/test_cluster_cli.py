@@ -301,24 +301,11 @@ def test_check_on_the_cluster_gives_the_local_verdicts(tmp_path: Path, cluster: 
 
 
 def _tune_child(folder: Path, model: str, cluster: str) -> None:
-    """A tune run judged on the cluster, with the three fixed files (tests/tune_child.py's proposer)."""
-    from kernelloop.agent.loop.context import LoopContext
-    from kernelloop.agent.loop.graph import run_tune, unfinished_run
-    from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
+    """A tune run judged on the cluster, with the three fixed files (tests/tune_child.py)."""
     from kernelloop.sandbox.cluster import JudgePool
-    from tests.tune_child import Fixed
+    from tests.tune_child import main
 
-    with History(folder / "history.db") as history:
-        ctx = LoopContext(history=history, registry=Registry(folder / "registry"), proposers={"fixed": Fixed()},
-                          model=model, gate=GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=0,
-                                                       invariance_tokens=0, tps_tolerance=0.5),
-                          progress=lambda m: print(m, flush=True), pool=JudgePool(cluster, device="cpu", workers=2))
-        try:
-            state = run_tune(TuneSettings(op="rmsnorm", rounds=1, candidates=3, profile_requests=2), ctx,
-                             resume=unfinished_run(ctx, "rmsnorm"))
-        finally:
-            ctx.close()
-    print("FINAL", state["status"], flush=True)
+    main(folder, model, pool=JudgePool(cluster, device="cpu", workers=2))
 
 
 def test_tune_on_the_cluster_killed_mid_round_resumes_and_commits(tmp_path: Path, cluster: str) -> None:

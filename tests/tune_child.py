@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
 from kernelloop.agent.loop.context import LoopContext
@@ -32,13 +33,14 @@ class Fixed:
         pass
 
 
-def main(folder: Path, model: str) -> None:
+def main(folder: Path, model: str, pool: Any = None) -> None:
+    """One tune run (resumed when one is unfinished) with the fixed files; `pool`: judged on a cluster."""
     with History(folder / "history.db") as history:
         ctx = LoopContext(history=history, registry=Registry(folder / "registry"), proposers={"fixed": Fixed()},
                           model=model, gate=GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=0, invariance_tokens=0,
                                          tps_tolerance=0.5),  # what is resumed is tested here, not speed: at ~4 tok/s
                                          # on the interpreter 3 gate rounds can all read 0.8x by chance
-                          progress=lambda m: print(m, flush=True))
+                          progress=lambda m: print(m, flush=True), pool=pool)
         try:
             state = run_tune(TuneSettings(op="rmsnorm", rounds=1, candidates=3, profile_requests=2), ctx,
                              resume=unfinished_run(ctx, "rmsnorm"))

@@ -99,9 +99,12 @@ def run_tune(settings: TuneSettings, ctx: LoopContext, resume: int | None = None
         if resume is not None:
             config = {"configurable": {"thread_id": f"tune-{resume}"}, "recursion_limit": RECURSION_LIMIT}
             snapshot = graph.get_state(config)
-            if snapshot.next:
+            # `next` leaves out a step whose writes were saved before the kill and its checkpoint not: it is
+            # still among `tasks`, and invoking resumes past it with those writes
+            if snapshot.next or snapshot.tasks:
                 op = (snapshot.values or {}).get("op") or "target not chosen yet"
-                ctx.progress(f"resuming tune run {resume} ({op}, at {snapshot.next[0]}); --restart abandons it")
+                at = (snapshot.next or tuple(t.name for t in snapshot.tasks))[0]
+                ctx.progress(f"resuming tune run {resume} ({op}, at {at}); --restart abandons it")
                 return graph.invoke(None, config, durability="sync")
             if not snapshot.values:  # killed before its first checkpoint: start it again, as itself
                 ctx.progress(f"restarting tune run {resume}: it was stopped before its first step")

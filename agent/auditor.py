@@ -148,13 +148,13 @@ class Auditor:
         ops = self._ops_changed(commit)
         revert = self.registry.rollback(commit)
         log.warning("shadow audit rolled back %s (%s): %s", commit[:10], ", ".join(ops) or "?", reason)
+        self.history.record_registry_event(  # recorded before the reload, which may take long or fail
+            "rollback", ops[0] if len(ops) == 1 else None, commit_sha=revert.sha, ok=True,
+            detail={"by": "shadow audit", "audited_commit": commit, "reason": reason, "figures": fig, "ops": ops})
         try:
             self.reload()
         except KernelloopError as exc:  # the revert stands; the engine picks it up at its next reload
             log.error("engine reload after the audit rollback failed: %s", exc)
-        self.history.record_registry_event(
-            "rollback", ops[0] if len(ops) == 1 else None, commit_sha=revert.sha, ok=True,
-            detail={"by": "shadow audit", "audited_commit": commit, "reason": reason, "figures": fig, "ops": ops})
         return {"commit": commit, "revert": revert.sha, "reason": reason}
 
     def _ops_changed(self, commit: str) -> list[str]:

@@ -47,6 +47,11 @@ def wait_for(check, seconds: float, what: str, logs: list[Path]) -> None:  # noq
     pytest.fail(f"{what} did not happen within {seconds:.0f} s\n{tails}")
 
 
+def rollback_events(history_path: Path) -> list[dict]:
+    with History(history_path) as history:
+        return [e for e in history.registry_events() if e["kind"] == "rollback"]
+
+
 @pytest.mark.slow
 def test_the_daemon_rolls_back_a_regression_committed_behind_the_gate(tmp_path) -> None:
     from kernelloop.engine.model_source import resolve_model_dir
@@ -82,9 +87,10 @@ def test_the_daemon_rolls_back_a_regression_committed_behind_the_gate(tmp_path) 
                     "temperature": 0}
             assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).status_code == 200
         wait_for(lambda: reg.head() != planted, 150, "the audit's rollback", logs)
+        wait_for(lambda: rollback_events(history_path), 30, "the rollback's history record", logs)
         with History(history_path) as history:
-            event = [e for e in history.registry_events() if e["kind"] == "rollback"][0]
             audited = history.audit_samples(planted)
+        event = rollback_events(history_path)[0]
         assert event["detail"]["audited_commit"] == planted and "agreement" in event["detail"]["reason"]
         assert 5 <= len(audited) <= len(PROMPTS)  # judged within its window of the planted commit's requests
         assert reg.entries()[0].sha256 == reg.entries(f"{planted}~1")[0].sha256

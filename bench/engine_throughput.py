@@ -9,6 +9,10 @@ With the embedded model (float32, reference torch ops), measured in one run:
 - a shared-prefix workload (16 chat requests behind one long system prompt; the first arrives
   alone, the other 15 together, as agent traffic does) with a cold prefix cache on and off: hit
   rate, prompt tokens actually computed, tokens/s.
+- a burst (bench/burst.py): `--burst` clients at once over HTTP, one request each (prompts of 16-64
+  tokens, `--burst-tokens` new), mixed steps off and on, against transformers' padded batch; and
+  TTFT p50/p99 and the running streams' inter-token p99 while such a burst arrives, against their
+  steady state. `--burst-only` runs just these rows.
 Every request generates exactly `--max-tokens` tokens (EOS ignored), so all rows do equal work.
 """
 
@@ -22,6 +26,7 @@ from typing import Sequence
 import torch
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
+from bench import burst as bursts
 from bench.http_load import EngineServer, PlannedRequest, send_all
 from bench.report import print_table, write_report
 from kernelloop.engine.engine import Engine, EngineConfig
@@ -38,6 +43,7 @@ def chat_prompt(engine: Engine, system: str, question: str) -> list[int]:
     return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
+MIXED_CHUNK = 128  # tokens per mixed step in the burst rows: a burst's prefill spread over a few steps
 REPEATS = 3  # each row is the best of this many runs: the least-disturbed one on a shared machine
 
 
@@ -75,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine_throughput", description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out-dir", default=None)
+    parser.add_argument("--burst", type=int, default=16, help="clients in the burst rows (default 16)")
+    parser.add_argument("--burst-tokens", type=int, default=32, help="new tokens per burst request (default 32)")
+    parser.add_argument("--burst-only", action="store_true", help="run only the burst rows")
     args = parser.parse_args(argv)
     from transformers import LlamaForCausalLM
 
@@ -88,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({"workload": workload, "system": system, "seconds": round(seconds, 2),
                      "output tokens": tokens, "tokens/s": round(tokens / seconds, 1), **extra})
         print(f"{workload:>22} {system:<32} {tokens / seconds:8.1f} tok/s", file=sys.stderr, flush=True)
+
+    burst_notes = burst_rows(engine, hf, pad, args.burst, args.burst_tokens, row)
+    if args.burst_only:
+        return finish(rows, burst_notes, engine, args)
 
     engine.generate([prompts[0]], SamplingParams(max_tokens=2, temperature=0))  # warm-up
     with EngineServer(threads=torch.get_num_threads()) as base:
@@ -124,6 +137,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         row("16 shared-prefix", f"engine, prefix cache {'on' if cache_on else 'off'}", seconds, tokens,
             **{"hit rate": round(hit_rate, 3), "prompt tokens computed": computed})
 
+    return finish(rows, burst_notes, engine, args, prompts, shared)
+
+
+def burst_rows(engine: Engine, hf, pad: int, n: int, new: int, row) -> list[str]:
+    """The burst rows (bench/burst.py), mixed steps off and on, alternated with transformers' padded
+    batch on the same fresh prompts each repeat; returns the notes (ratios in this run)."""
+    vocab, threads = engine.model_config.vocab_size, torch.get_num_threads()
+    mixed_flags = ("--mixed-chunk", "--chunked-prefill-size", str(MIXED_CHUNK))
+    modes = {"engine serve, HTTP": (), f"engine serve {' '.join(mixed_flags)}, HTTP": mixed_flags}
+    runs: dict[str, list[tuple[float, int]]] = {m: [] for m in [*modes, "transformers generate, padded batch"]}
+    under: dict[str, list[bursts.UnderBurst]] = {m: [] for m in modes}
+    with EngineServer(threads=threads) as plain, EngineServer(threads=threads, extra=mixed_flags) as mixed:
+        bases = dict(zip(modes, (plain, mixed)))
+        for base in bases.values():
+            bursts.http_burst(base, bursts.burst_prompts(n, vocab, seed=99), 4)  # warm-up
+        for repeat in range(REPEATS):
+            batch = bursts.burst_prompts(n, vocab, seed=repeat)
+            for system, base in bases.items():
+                seconds, tokens, _ = bursts.http_burst(base, batch, new)  # each server has its own prefix cache
+                runs[system].append((seconds, tokens))
+            runs["transformers generate, padded batch"].append(bursts.hf_padded_batch(hf, batch, new, pad))
+            for system, base in bases.items():
+                running = bursts.burst_prompts(4, vocab, seed=1000 + repeat)
+                arriving = bursts.burst_prompts(n, vocab, seed=2000 + repeat)
+                under[system].append(bursts.streams_under_burst(base, running, arriving, new, at=0.5))
+    for system, results in runs.items():
+        row(f"burst of {n}", system, *min(results))
+    notes = []
+    hf_rate = max(t / s for s, t in runs["transformers generate, padded batch"])
+    for system, results in under.items():
+        rate = max(t / s for s, t in runs[system])
+        mid = sorted(results, key=lambda u: u.itl_p99_burst)[len(results) // 2]  # the median repeat
+        notes.append(f"burst of {n}: {system} / transformers padded batch = {rate / hf_rate:.2f}x")
+        notes.append(f"streams under a burst of {n}, {system}: TTFT p50 {mid.ttft_p50 * 1000:.0f} ms, "
+                     f"p99 {mid.ttft_p99 * 1000:.0f} ms; running streams' inter-token p99 "
+                     f"{mid.itl_p99_burst * 1000:.0f} ms during the burst vs {mid.itl_p99_steady * 1000:.0f} ms "
+                     f"steady ({mid.itl_p99_burst / mid.itl_p99_steady:.2f}x; median of {len(results)} repeats)")
+    return notes
+
+
+def finish(rows: list[dict], burst_notes: list[str], engine: Engine, args, prompts=None, shared=None) -> int:
+    """Print the table and ratios, write the report."""
+    if prompts is None:
+        print_table(rows)
+        print("\n".join(burst_notes))
+        notes = burst_notes + [f"Embedded model at {engine.model_dir}; float32; reference torch ops; burst prompts "
+                               f"{bursts.PROMPT_LENGTHS[0]}-{bursts.PROMPT_LENGTHS[1]} random tokens, {args.burst_tokens} "
+                               f"new tokens each, EOS ignored.", f"torch threads: {torch.get_num_threads()}."]
+        path = write_report("engine-burst", "Engine burst over HTTP vs transformers", rows, device="cpu", notes=notes,
+                            out_dir=args.out_dir, interpreter_timings=False)
+        print(f"wrote {path}")
+        return 0
     by = {(r["workload"], r["system"]): r["tokens/s"] for r in rows}
     http = [f"{n} concurrent: HTTP{s} / in-process = {by[(f'{n} concurrent', 'engine serve, HTTP' + s)] / by[(f'{n} concurrent', 'kernelloop engine')]:.2f}x"
             for n in (1, 16) for s in ("", " streaming")]
@@ -133,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"16 concurrent: engine / transformers padded batch = {by[('16 concurrent', 'kernelloop engine')] / by[('16 concurrent', 'transformers generate, padded batch')]:.2f}x",
         f"shared prefix: cache on / off = {by[('16 shared-prefix', 'engine, prefix cache on')] / by[('16 shared-prefix', 'engine, prefix cache off')]:.2f}x",
     ]
+    ratios += burst_notes
     print_table(rows)
     print("\n".join(ratios))
     notes = ratios + [

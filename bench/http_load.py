@@ -42,6 +42,7 @@ class RequestResult:
     ttft: float  # seconds from sending to the first generated token
     latency: float  # seconds from sending to the last byte
     output_tokens: int
+    chunk_times: tuple[float, ...] = ()  # streamed: seconds after the run's start at which each token chunk came
 
 
 class EngineServer:
@@ -122,7 +123,7 @@ async def _one(base: str, req: PlannedRequest, t0: float, stream: bool) -> Reque
             "ignore_eos": True, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
-    first, tokens = None, 0
+    first, tokens, chunks = None, 0, []
     async for line in _post(base, "/v1/completions", body):
         if not stream:
             tokens = json.loads(line)["usage"]["completion_tokens"]
@@ -130,10 +131,11 @@ async def _one(base: str, req: PlannedRequest, t0: float, stream: bool) -> Reque
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            elif first is None and chunk.get("choices"):
-                first = time.perf_counter()
+            elif chunk.get("choices"):
+                chunks.append(time.perf_counter() - t0)
+                first = first or time.perf_counter()
     done = time.perf_counter()
-    return RequestResult(sent - t0, (first or done) - sent, done - sent, tokens)
+    return RequestResult(sent - t0, (first or done) - sent, done - sent, tokens, tuple(chunks))
 
 
 async def _send_all(base: str, requests: Sequence[PlannedRequest], stream: bool) -> tuple[float, list[RequestResult]]:

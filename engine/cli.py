@@ -42,6 +42,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (intra- and inter-op), set before the engine is built (default: torch's)")
     p.add_argument("--max-running", type=int, default=32, help="most requests decoding at once")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV cache of shared prompt prefixes")
+    p.add_argument("--chunked-prefill-size", type=positive_int, default=2048, metavar="N",
+                   help="prefill at most N tokens of one prompt per step; with --mixed-chunk, at most N tokens per "
+                        "step in all (prefill plus one per running request) (default 2048)")
+    p.add_argument("--mixed-chunk", action="store_true",
+                   help="run a prefill chunk in the same step as the running decodes, so arrivals do not stall "
+                        "running streams (as SGLang's --enable-mixed-chunk; ignored with --deterministic)")
+    p.add_argument("--admission-window-ms", type=float, default=5.0, metavar="MS",
+                   help="hold a step that would admit a fresh arrival until MS milliseconds after it arrived, so a "
+                        "burst lands in one prefill (default 5; 0: off)")
 
 
 def positive_int(text: str) -> int:
@@ -79,12 +88,15 @@ def engine_config(args: argparse.Namespace):
         raise KernelloopError("--registry is only used with --kernels registry")
     if args.fallback != "baseline" and kernels != "registry":
         raise KernelloopError("--fallback is only used with --kernels registry")
+    if not 0 <= args.admission_window_ms <= 1000:
+        raise KernelloopError(f"--admission-window-ms must be between 0 and 1000, not {args.admission_window_ms}")
     return EngineConfig(
         model=args.model, device=device, dtype=args.dtype, kernels=kernels, registry=args.registry,
         fallback=args.fallback, deterministic=args.deterministic,
         kv_cache_bytes=args.kv_cache_mb << 20 if args.kv_cache_mb else None, max_context=args.max_model_len,
         prefix_cache=not args.no_prefix_cache,
-        scheduler=SchedulerConfig(max_running_requests=args.max_running),
+        scheduler=SchedulerConfig(max_running_requests=args.max_running, chunk_size=args.chunked_prefill_size,
+                                  mixed=args.mixed_chunk, admission_window=args.admission_window_ms / 1000),
     )
 
 

@@ -6,6 +6,7 @@ nothing here locks. `reload_kernels()` must be called between steps (the server 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -92,6 +93,9 @@ class Engine:
         self.kernels = Dispatcher(config.kernels, registry=registry, device=config.device,
                                   fallback=config.fallback, deterministic=config.deterministic)
         sched = config.scheduler
+        if config.deterministic and sched.mixed:
+            # A decode row in a mixed step goes through extend_attention, not the invariant decode path.
+            sched = dataclasses.replace(sched, mixed=False)
         num_slots = self._kv_slots()
         # The most tokens one request can have (prompt + output): /v1/models reports it.
         self.max_model_len = _max_model_len(config.max_context, self.max_context, num_slots)
@@ -229,7 +233,8 @@ class Engine:
         for req, start, n in zip(batch.requests, batch.starts, batch.lengths):
             ids.append(req.all_ids[start:start + n])
             slots.append(self.rows.read(req.row, start + n))
-        return ForwardBatch.build(batch.mode, ids, batch.starts, slots, self.device)
+        mode = "decode" if batch.mode == "decode" else "extend"  # a mixed step's decode rows are 1-token extends
+        return ForwardBatch.build(mode, ids, batch.starts, slots, self.device)
 
     def _accept(self, req: Request, token: int, logprobs: TokenLogprobs | None) -> StepOutput:
         if req.first_token_at is None:

@@ -126,6 +126,7 @@ class EngineLoop:
             self._drain_commands(block=not self.engine.has_work())
             if not self.engine.has_work():
                 continue
+            self._hold_for_burst()
             start = time.perf_counter()
             try:
                 outputs = self.engine.step()
@@ -144,9 +145,24 @@ class EngineLoop:
                 hook(elapsed, tokens)
             self._deliver(outputs)
 
-    def _drain_commands(self, block: bool) -> None:
+    def _hold_for_burst(self) -> None:
+        """Admission window: before a step that would admit a fresh arrival, take commands until the
+        window has passed since the oldest such arrival, so a burst spread over a few milliseconds lands
+        in one prefill. Requests that waited before (retracted, or no room) do not hold the step."""
+        window = self.engine.scheduler.config.admission_window
+        if window <= 0:
+            return
+        fresh = [r.arrived_at for r in self.engine.scheduler.waiting if r.row is None and not r.output_ids
+                 and r.retractions == 0]
+        if not fresh:
+            return
+        deadline = min(fresh) + window
+        while (left := deadline - time.perf_counter()) > 0 and not self._stop.is_set():
+            self._drain_commands(block=True, timeout=left)
+
+    def _drain_commands(self, block: bool, timeout: float = 0.05) -> None:
         try:
-            command = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:

@@ -5,6 +5,10 @@ Policy (one forward per `schedule()`):
   an extend batch (at most `max_prefill_tokens` new tokens). A prompt longer than `chunk_size`
   is prefilled in chunks, one chunked request at a time; it finishes before the next is admitted.
 - Otherwise decode every running request by one token.
+- Mixed steps (`mixed`, as SGLang's mixed-chunk mode): a prefill batch also carries every running
+  request as a one-token extend row, so an arrival does not stall the running streams; the step's
+  tokens (prefill and decode rows) stay within `chunk_size`, so a long prompt is chunked across
+  steps while the others decode. When the decode rows find no KV room the prefill runs alone.
 - Prefix cache: after each prefill forward (each chunk of a chunked one) the tokens computed so
   far go into the prefix cache and the request holds them through a lock, as SGLang's
   `cache_unfinished_req` does; so requests admitted while it still prefills or decodes share them.
@@ -33,15 +37,21 @@ class SchedulerConfig:
     max_running_requests: int = 32
     max_prefill_tokens: int = TOKEN_BUDGET  # the most rows any judge checks a kernel at (kernels/spec.py)
     chunk_size: int = 2048
+    mixed: bool = False  # prefill chunks ride in the same forward as the running decodes
+    admission_window: float = 0.005  # seconds the serving loop holds a new arrival for the rest of its burst; 0: off
 
 
 @dataclass
 class ScheduledBatch:
-    mode: str  # "extend" | "decode"
+    mode: str  # "extend" | "decode" | "mixed" (extend rows, then the running requests' decode rows)
     requests: list[Request]
     starts: list[int]  # per request: tokens already computed (the prefix of this forward)
     lengths: list[int]  # per request: new tokens in this forward
     samples: list[bool]  # per request: does this forward produce its next token?
+    num_extend: int = 0  # mixed: the first this many rows are prefill rows
+
+    def is_prefill(self, i: int) -> bool:
+        return self.mode == "extend" or (self.mode == "mixed" and i < self.num_extend)
 
 
 class Scheduler:
@@ -64,9 +74,13 @@ class Scheduler:
         return bool(self.waiting or self.running or self.chunked)
 
     def schedule(self) -> ScheduledBatch | None:
-        batch = self._schedule_extend()
+        mixing = self.config.mixed and bool(self.running)
+        budget = max(1, min(self.config.max_prefill_tokens, self.config.chunk_size) - len(self.running)) if mixing else None
+        batch = self._schedule_extend(budget)
         if batch is None and self.running:
-            batch = self._schedule_decode()
+            return self._schedule_decode()
+        if batch is not None and mixing:
+            self._add_decode_rows(batch)
         return batch
 
     # -- after a forward ---------------------------------------------------------------------
@@ -74,9 +88,9 @@ class Scheduler:
     def advance(self, batch: ScheduledBatch) -> None:
         """Record that the batch's KV was computed (a prefill's goes to the prefix cache at once);
         finished prefills start decoding."""
-        for req, n, sampled in zip(batch.requests, batch.lengths, batch.samples):
+        for i, (req, n, sampled) in enumerate(zip(batch.requests, batch.lengths, batch.samples)):
             req.computed_len += n
-            if batch.mode == "extend":
+            if batch.is_prefill(i):
                 self._cache_computed(req)
                 if sampled:
                     self.chunked = None if self.chunked is req else self.chunked
@@ -97,9 +111,9 @@ class Scheduler:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _schedule_extend(self) -> ScheduledBatch | None:
+    def _schedule_extend(self, budget: int | None = None) -> ScheduledBatch | None:
         cfg = self.config
-        budget = cfg.max_prefill_tokens
+        budget = cfg.max_prefill_tokens if budget is None else budget
         batch = ScheduledBatch("extend", [], [], [], [])
         candidates = ([self.chunked] if self.chunked else []) + list(self.waiting)
         for req in candidates:
@@ -144,6 +158,21 @@ class Scheduler:
             req.allocated_len = req.computed_len + 1
         n = len(self.running)
         return ScheduledBatch("decode", list(self.running), [r.computed_len for r in self.running], [1] * n, [True] * n)
+
+    def _add_decode_rows(self, batch: ScheduledBatch) -> None:
+        """Append every running request as a one-token row; without KV room for all of them the
+        prefill runs alone (the next decode step retracts as usual)."""
+        slots = self._alloc(len(self.running))
+        if slots is None:
+            return
+        batch.mode, batch.num_extend = "mixed", len(batch.requests)
+        for req, slot in zip(self.running, slots):
+            self.rows.write(req.row, req.computed_len, slot.view(1))
+            req.allocated_len = req.computed_len + 1
+            batch.requests.append(req)
+            batch.starts.append(req.computed_len)
+            batch.lengths.append(1)
+            batch.samples.append(True)
 
     def _admit(self, req: Request) -> bool:
         """Give a waiting request a row and its cached prefix (at least one token left to compute)."""

@@ -67,3 +67,17 @@ def test_summary_rates_and_percentiles():
     assert row["output tokens/s"] == 20.0 and row["requests/s"] == 2.0
     assert row["TTFT p50 ms"] in (200.0, 300.0) and row["TTFT p99 ms"] == 400.0
     assert percentile([5.0], 99) == 5.0
+
+
+def test_streamed_requests_time_each_token_chunk(served):
+    base, engine = served
+    (result,) = send_all(base, [PlannedRequest(0.0, engine.tokenizer.encode("a quiet road"), 6)])[1]
+    assert len(result.chunk_times) == 6 and list(result.chunk_times) == sorted(result.chunk_times)
+
+
+def test_burst_gaps_split_into_steady_and_during_the_burst():
+    from bench.burst import gaps_around
+
+    stream = RequestResult(0.0, 0.1, 3.6, 7, chunk_times=(0.1, 0.5, 0.9, 1.2, 2.2, 2.4, 3.5, 3.6))
+    steady, during = gaps_around([stream], at=1.0, end=3.0)
+    assert steady == pytest.approx([0.4, 0.4, 0.1]) and during == pytest.approx([0.3, 1.0, 0.2, 1.1])

@@ -28,6 +28,7 @@ def test_generate_prints_the_completion(capsys, checkpoint):
     (["serve", "--model", "MODEL", "--device", "cuda"], "--device cuda: no CUDA device is visible here"),
     (["serve", "--model", "MODEL", "--device", "tpu"], "unknown device 'tpu'"),
     (["generate", "hi", "--model", "MODEL", "--device", "cuda"], "use --device cpu"),
+    (["generate", "hi", "--model", "MODEL", "--admission-window-ms", "-1"], "--admission-window-ms must be between"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, checkpoint, argv, needle):
     argv = [str(checkpoint) if a == "MODEL" else a for a in argv]

@@ -78,15 +78,31 @@ def test_single_requests_match_transformers(checkpoints, hf_models, variant, ker
     assert {"linear", "extend_attention", "decode_attention"} <= set(engine.kernels.variants_in_use())
 
 
-@pytest.mark.parametrize("kernels", KERNELS)
-def test_concurrent_requests_match_transformers(checkpoints, hf_models, kernels):
-    # A small prefill budget and chunk size mix chunked prefills, multi-request extends and decodes.
-    sched = SchedulerConfig(max_running_requests=4, max_prefill_tokens=24, chunk_size=10)
+def count_mixed_steps(engine: Engine) -> list[int]:
+    """A one-element list counting the engine's mixed (prefill + decode) steps from now on."""
+    count, schedule = [0], engine.scheduler.schedule
+
+    def counting():
+        batch = schedule()
+        count[0] += batch is not None and batch.mode == "mixed"
+        return batch
+
+    engine.scheduler.schedule = counting
+    return count
+
+
+@pytest.mark.parametrize("kernels,mixed", [("reference", False), ("baseline", False), ("reference", True)])
+def test_concurrent_requests_match_transformers(checkpoints, hf_models, kernels, mixed):
+    # A small prefill budget and chunk size mix chunked prefills, multi-request extends and decodes;
+    # mixed: the prefills of the requests admitted as others finish run in the decodes' forwards.
+    sched = SchedulerConfig(max_running_requests=4, max_prefill_tokens=24, chunk_size=10, mixed=mixed)
     engine = Engine(EngineConfig(model=str(checkpoints["gqa"]), scheduler=sched, kernels=kernels))
+    mixed_steps = count_mixed_steps(engine)
     ps = prompts(7, seed=2)
     n = greedy(kernels).max_tokens
     reqs = engine.generate(ps, greedy(kernels))
     assert engine.stats["forwards"] < 7 * (n + 4), "requests were not batched"
+    assert (mixed_steps[0] > 0) == mixed
     assert_matches_hf(hf_models["gqa"], reqs, ps, n=n)
     assert served_by(engine, kernels) == set()
 
@@ -105,13 +121,16 @@ def test_shared_prefixes_hit_the_cache_without_changing_results(checkpoints, hf_
     assert served_by(engine, kernels) == set()
 
 
-def test_retraction_under_a_tiny_kv_budget_keeps_results(checkpoints, hf_models):
-    config = EngineConfig(model=str(checkpoints["gqa"]), scheduler=SchedulerConfig(max_running_requests=6))
+@pytest.mark.parametrize("mixed", [False, True])
+def test_retraction_under_a_tiny_kv_budget_keeps_results(checkpoints, hf_models, mixed):
+    config = EngineConfig(model=str(checkpoints["gqa"]), scheduler=SchedulerConfig(max_running_requests=6, mixed=mixed))
     per_slot = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 kv heads, head_dim 16, float32
     engine = Engine(dataclasses.replace(config, kv_cache_bytes=per_slot * 70))
+    mixed_steps = count_mixed_steps(engine)
     ps = prompts(6, seed=5, lengths=(20, 18, 15, 22, 19, 17))
     reqs = engine.generate(ps, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3))
     assert sum(r.retractions for r in reqs) > 0, "the budget was meant to force retraction"
+    assert (mixed_steps[0] > 0) == mixed, "retracted requests resume in mixed steps"
     assert all(r.finish_reason == "length" and len(r.output_ids) == 12 for r in reqs)
     assert_matches_hf(hf_models["gqa"], reqs, ps, n=12)
     assert engine.allocator.available() + engine.cache.total_size() == engine.allocator.num_slots - 1, "slots leaked"

@@ -1,0 +1,126 @@
+"""Serving a burst (issue #28): the admission window puts a burst spread over a few milliseconds into one
+prefill, and mixed steps (a prefill chunk in the same forward as the running decodes) give the same greedy
+tokens as separate prefill and decode steps, a long prompt chunked while others decode included."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.loop import EngineLoop
+from kernelloop.engine.sampling import SamplingParams
+from kernelloop.engine.scheduler import ScheduledBatch, SchedulerConfig
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+
+def recorded(engine: Engine) -> list[ScheduledBatch]:
+    """Every batch the engine's scheduler hands out from now on (a snapshot of its rows)."""
+    batches: list[ScheduledBatch] = []
+    schedule = engine.scheduler.schedule
+
+    def record() -> ScheduledBatch | None:
+        batch = schedule()
+        if batch is not None:
+            batches.append(ScheduledBatch(batch.mode, list(batch.requests), list(batch.starts), list(batch.lengths),
+                                          list(batch.samples), batch.num_extend))
+        return batch
+
+    engine.scheduler.schedule = record
+    return batches
+
+
+def random_prompts(lengths: list[int], seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(5, 900) for _ in range(n)] for n in lengths]
+
+
+def serve_arrivals(engine: Engine, arrivals: dict[int, list[list[int]]]) -> list[list[int]]:
+    """Step the engine, adding arrivals[k] before step k; the greedy tokens of every request, in arrival order."""
+    reqs, step = [], 0
+    while engine.has_work() or any(k >= step for k in arrivals):
+        reqs += [engine.add_request(p, GREEDY) for p in arrivals.get(step, [])]
+        if engine.has_work():
+            engine.step()
+        step += 1
+    return [r.output_ids for r in reqs]
+
+
+def engine_for(mixed: bool, chunk_size: int = 2048) -> Engine:
+    return Engine(EngineConfig(scheduler=SchedulerConfig(mixed=mixed, chunk_size=chunk_size, admission_window=0)))
+
+
+def test_mixed_steps_give_the_tokens_of_separate_prefill_and_decode_steps():
+    arrivals = {0: random_prompts([7, 20], 1), 3: random_prompts([33, 3, 11], 2), 6: random_prompts([25], 3)}
+    plain = engine_for(False)
+    plain_batches = recorded(plain)
+    expected = serve_arrivals(plain, arrivals)
+    mixed = engine_for(True)
+    batches = recorded(mixed)
+    assert serve_arrivals(mixed, arrivals) == expected
+    assert {b.mode for b in plain_batches} == {"extend", "decode"}
+    # the two later arrivals were prefilled alongside the running requests' decodes
+    assert [(b.num_extend, len(b.requests)) for b in batches if b.mode == "mixed"] == [(3, 5), (1, 6)]
+    assert mixed.allocator.available() + mixed.cache.total_size() == mixed.allocator.num_slots - 1, "slots leaked"
+
+
+def test_a_long_prompt_is_chunked_while_the_others_keep_decoding():
+    arrivals = {0: random_prompts([6, 9], 4), 2: random_prompts([70], 5)}
+    plain = engine_for(False, chunk_size=16)
+    plain_batches = recorded(plain)
+    expected = serve_arrivals(plain, arrivals)
+    # control: mixing off, the long prompt's chunks run alone and the running requests wait for them
+    assert [b.lengths for b in plain_batches if b.mode == "extend"][1:] == [[16]] * 4 + [[6]]
+    assert "mixed" not in {b.mode for b in plain_batches}
+    engine = engine_for(True, chunk_size=16)
+    batches = recorded(engine)
+    assert serve_arrivals(engine, arrivals) == expected
+    long = [b for b in batches if b.mode == "mixed"]
+    # 16 tokens a step: 14 of the long prompt and one for each running request, which decodes every step
+    assert [b.lengths for b in long] == [[14, 1, 1]] * 5
+    assert long[-1].samples[0] is True and not any(b.samples[0] for b in long[:-1])
+    assert all(b.mode == "decode" for b in batches[2:] if b not in long)
+
+
+def test_retraction_in_mixed_mode_keeps_results():
+    per_slot = 2 * 3 * 2 * 32 * 4  # K and V, 3 layers, 2 kv heads, head_dim 32, float32 (the embedded model)
+    config = EngineConfig(kv_cache_bytes=per_slot * 110, scheduler=SchedulerConfig(mixed=True, admission_window=0))
+    arrivals = {0: random_prompts([20, 18, 15], 6), 4: random_prompts([22, 19, 17], 7)}
+    expected = serve_arrivals(engine_for(False), arrivals)
+    engine = Engine(config)
+    batches = recorded(engine)
+    assert serve_arrivals(engine, arrivals) == expected
+    assert any(b.mode == "mixed" for b in batches)
+    assert sum(r.retractions for b in batches for r in b.requests) > 0, "the budget was meant to force retraction"
+    assert engine.allocator.available() + engine.cache.total_size() == engine.allocator.num_slots - 1, "slots leaked"
+
+
+@pytest.mark.parametrize("window", [0.25, 0.0])
+def test_the_admission_window_puts_a_burst_into_one_prefill(window):
+    engine = Engine(EngineConfig(scheduler=SchedulerConfig(admission_window=window)))
+    batches = recorded(engine)
+    loop = EngineLoop(engine).start()
+    prompts = random_prompts([12, 30, 5, 18], 8)
+
+    async def burst() -> None:
+        queues = []
+        for i, p in enumerate(prompts):
+            if i:
+                await asyncio.sleep(0.1 if window == 0 else 0.01)  # control: gaps longer than a step's pickup
+            queues.append((await loop.submit(p, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)))[1])
+        for q in queues:
+            while not (await q.get()).finished:
+                pass
+
+    try:
+        asyncio.run(burst())
+    finally:
+        loop.stop()
+    first = batches[0]
+    if window:
+        assert first.mode == "extend" and len(first.requests) == 4
+    else:
+        assert len(first.requests) == 1

@@ -9,9 +9,10 @@ import sys
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import KernelloopError
 
-from kernelloop.agent.commands import audit, check, daemon, history, ops, pr, profile, registry, report, tune, verify
+from kernelloop.agent.commands import (audit, check, daemon, history, ops, pr, profile, quantize, registry, report, tune,
+                                       verify)
 
-COMMANDS = (ops, check, profile, tune, daemon, audit, verify, pr, registry, history, report)
+COMMANDS = (ops, check, profile, tune, quantize, daemon, audit, verify, pr, registry, history, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,10 @@ in float64 (Engine.logits_hook), and KL(reference || engine) is averaged over po
     tokens/s not slower: the 95% interval of after/before (median over alternated rounds) reaches
     1 - tps_tolerance
 
+A commit that changes numerics on purpose (agent quantize's scoped entries) is judged in budget mode
+(GateConfig.kl_budget): KL after <= kl_budget replaces the first two lines, greedy agreement with before
+is reported instead of required, and the CPU interpreter's tokens/s are reported without deciding.
+
 Speed is measured the way the sandbox measures kernels, so other work on the machine cannot fail
 the gate: the engine is reloaded at the registry commit before and at the one after, alternately,
 for `speed_rounds` rounds, and each round gives one ratio. Only when every plausible ratio is a
@@ -69,6 +73,8 @@ class GateResult:
     runaway: list[dict[str, Any]] = field(default_factory=list)  # per long generation: agent/runaway.py PromptLoops
     invariance: list[dict[str, Any]] = field(default_factory=list)  # per prompt: agent/invariance.py rows
     tasks: dict[str, Any] | None = None  # agent/task_audit.py TaskComparison, when the audit ran
+    kl_budget: float | None = None  # the budget gate's (GateConfig.kl_budget); None: the identity gate
+    agreement: float | None = None  # budget gate: share of generated positions whose greedy token is before's
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,10 +157,54 @@ def task_comparison(before: dict[str, Any], after: dict[str, Any], config: GateC
     return compare(b, a, config.task_tolerance)
 
 
-def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], config: GateConfig) -> GateResult:
+@dataclass
+class _Checks:
+    """The checks both gates share, taken from two summaries: runaway, batch invariance, tasks."""
+
+    loops: list[PromptLoops]
+    runaways: list[PromptLoops]
+    diverged: list[dict[str, Any]]
+    tasks: TaskComparison | None
+
+    def failure(self, config: GateConfig) -> str:
+        """The first failing shared check's reason, or ""."""
+        if self.diverged:
+            row = self.diverged[0]
+            return (f"batch invariance: prompt {row['prompt']} decodes differently {row['after']}"
+                    + (f"; {len(self.diverged) - 1} more prompts" if len(self.diverged) > 1 else ""))
+        if self.runaways:
+            return f"runaway: {self.runaways[0].describe()}" + (
+                f"; {len(self.runaways) - 1} more" if len(self.runaways) > 1 else "")
+        if self.tasks is not None and self.tasks.failed:
+            return f"tasks: {self.tasks.describe()} (tolerance {config.task_tolerance:g})"
+        return ""
+
+    def passed(self, invariance_rows: int) -> str:
+        """What the shared checks found when they passed, for the gate's reason."""
+        text = f"no new loop in {len(self.loops)} long generations; " if self.loops else ""
+        if invariance_rows:
+            text = f"no new batch divergence in {invariance_rows} prompts; " + text
+        if self.tasks is not None:
+            text += f"tasks {self.tasks.describe()}; "
+        return text
+
+
+def greedy_agreement(before: list[list[int]], after: list[list[int]]) -> float:
+    """Share of generated positions where after's token equals before's, position by position (a position
+    only one side generated counts as a disagreement)."""
+    same = total = 0
+    for b, a in zip(before, after):
+        same += sum(x == y for x, y in zip(b, a))
+        total += max(len(b), len(a))
+    return same / total if total else 1.0
+
+
+def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], config: GateConfig,
+          interpreted: bool = False) -> GateResult:
     """Compare two `summary()`s and an `alternate_speed()`, in this order: greedy tokens identical, KL not
     grown past the margin, no new batch divergence, no new runaway, task accuracy not confidently lower,
-    tokens/s not confidently slower."""
+    tokens/s not confidently slower. With `config.kl_budget` set, `judge_budget` instead. `interpreted`: the
+    timings are the CPU interpreter's (reported, never deciding; budget mode only)."""
     kl_before, kl_after = before["kl"], after["kl"]
     tps_before, tps_after = median(speed["before"]), median(speed["after"])
     lo, hi = speed["interval"]
@@ -164,36 +214,53 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
     rounds = f"{len(speed['ratios'])} alternated round{'s' if len(speed['ratios']) != 1 else ''}"
     loops = runaway_rows(before, after, config)
     result.runaway = [row.to_json() for row in loops]
-    runaways = [row for row in loops if row.runaway]
     both = before.get("invariance") and after.get("invariance")
     result.invariance = invariance_rows(before["invariance"], after["invariance"]) if both else []
-    diverged = [row for row in result.invariance if row["new"]]
     tasks = task_comparison(before, after, config)
     result.tasks = tasks.to_json() if tasks is not None else None
+    checks = _Checks(loops, [row for row in loops if row.runaway], [row for row in result.invariance if row["new"]],
+                     tasks)
+    tps = f"tokens/s {tps_before:.1f} -> {tps_after:.1f} ({speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds})"
+    if config.kl_budget is not None:
+        return judge_budget(result, before, after, checks, config, tps, interpreted)
+    failed = checks.failure(config)
     if not same:
         diff = next(i for i, (a, b) in enumerate(zip(after["greedy"], before["greedy"])) if a != b)
         result.ok, result.reason = False, f"greedy output of prompt {diff} changed ({config.prompts[diff]!r})"
     elif kl_after > kl_before + config.kl_margin:
         result.ok, result.reason = False, (f"KL to the reference grew from {kl_before:.2e} to {kl_after:.2e} nats "
                                            f"(margin {config.kl_margin:.0e})")
-    elif diverged:
-        row = diverged[0]
-        result.ok, result.reason = False, (f"batch invariance: prompt {row['prompt']} decodes differently {row['after']}"
-                                           + (f"; {len(diverged) - 1} more prompts" if len(diverged) > 1 else ""))
-    elif runaways:
-        result.ok, result.reason = False, (f"runaway: {runaways[0].describe()}"
-                                           + (f"; {len(runaways) - 1} more" if len(runaways) > 1 else ""))
-    elif tasks is not None and tasks.failed:
-        result.ok, result.reason = False, f"tasks: {tasks.describe()} (tolerance {config.task_tolerance:g})"
+    elif failed:
+        result.ok, result.reason = False, failed
     elif hi < 1 - config.tps_tolerance:
         result.ok, result.reason = False, (f"tokens/s dropped: {tps_before:.1f} -> {tps_after:.1f}, after/before "
                                            f"{speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds}")
     else:
-        no_loops = f"no new loop in {len(loops)} long generations; " if loops else ""
-        if result.invariance:
-            no_loops = f"no new batch divergence in {len(result.invariance)} prompts; " + no_loops
-        if tasks is not None:
-            no_loops += f"tasks {tasks.describe()}; "
-        result.reason = (f"greedy outputs unchanged; KL {kl_before:.2e} -> {kl_after:.2e} nats; {no_loops}tokens/s "
-                         f"{tps_before:.1f} -> {tps_after:.1f} ({speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds})")
+        result.reason = (f"greedy outputs unchanged; KL {kl_before:.2e} -> {kl_after:.2e} nats; "
+                         f"{checks.passed(len(result.invariance))}{tps}")
+    return result
+
+
+def judge_budget(result: GateResult, before: dict[str, Any], after: dict[str, Any], checks: _Checks,
+                 config: GateConfig, tps: str, interpreted: bool) -> GateResult:
+    """The budget gate (agent quantize): KL after <= config.kl_budget instead of identical greedy tokens, whose
+    agreement with before is reported; the shared checks as in `judge`; speed decides only where it is not
+    the interpreter's."""
+    budget = config.kl_budget
+    assert budget is not None
+    result.kl_budget = budget
+    result.agreement = greedy_agreement(before["greedy"], after["greedy"])
+    lo, hi = result.tps_interval or [1.0, 1.0]
+    failed = checks.failure(config)
+    if result.kl_after > budget:
+        result.ok, result.reason = False, (f"KL to the reference {result.kl_after:.2e} nats is over the budget "
+                                           f"{budget:.2e} (greedy agreement {result.agreement:.0%})")
+    elif failed:
+        result.ok, result.reason = False, failed
+    elif not interpreted and hi < 1 - config.tps_tolerance:
+        result.ok, result.reason = False, f"tokens/s dropped: {tps}"
+    else:
+        result.reason = (f"KL {result.kl_before:.2e} -> {result.kl_after:.2e} nats, within the budget {budget:.2e}; "
+                         f"greedy agreement {result.agreement:.0%}; {checks.passed(len(result.invariance))}{tps}"
+                         + (" (cpu-interpreter timings: reported, not judged)" if interpreted else ""))
     return result

@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from kernelloop.agent.gate import Measurement
 from kernelloop.agent.loop.state import GateConfig
 from kernelloop.engine import gate_invariance, gate_measure
 from kernelloop.engine.engine import Engine, EngineConfig
-from kernelloop.engine.teacher_force import TeacherForced, served_logprobs
+from kernelloop.engine.teacher_force import TeacherForced, served_logprobs, served_logprobs_many
 from kernelloop.engine.tokenizer import Tokenizer
 from kernelloop.kernels.progress import Progress
 from kernelloop.profiler.inprocess import profile_engine
@@ -67,6 +69,28 @@ class LocalEngine:
         """This engine's log-distributions at each of `served_ids` after `prompt_ids` (one forward;
         the shadow audit's reference side)."""
         return served_logprobs(self.engine, prompt_ids, served_ids)
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """scope -> (N, K) of every projection the model calls through `Dispatcher.linear_at`, in forward order."""
+        model = self.engine.model
+        scopes = {f"layers.{i}.{name}": tuple(getattr(layer, name).shape)
+                  for i, layer in enumerate(model.layers) for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+        return {**scopes, "lm_head": tuple(model.lm_head.shape)}
+
+    @property
+    def weight_itemsize(self) -> int:
+        """Bytes per value of the model's unquantized weights (its serving dtype)."""
+        return self.engine.model.dtype.itemsize
+
+    def planned_logprobs(self, pairs: list[tuple[list[int], list[int]]], plan: dict[str, str]) -> list[torch.Tensor]:
+        """Teacher-forced log-distributions ([len(served), vocab] float32 each) of (prompt ids, served ids) pairs
+        with the projections of `plan` (scope -> scheme) quantized in this process; the plan is cleared after."""
+        kernels = self.engine.kernels
+        kernels.set_quant_plan(plan)
+        try:
+            return [t.logprobs for t in served_logprobs_many(self.engine, pairs)]
+        finally:
+            kernels.set_quant_plan({})
 
     def close(self) -> None:
         self._engine = None

@@ -134,6 +134,11 @@ step sandbox-gpu "$SANDBOX_S" "the confined sandbox judges honest variants corre
     "$PYTHON" -m bench.sandbox_gpu "${R[@]}" --out-dir "$OUT_DIR"
 step engine-decode 70 "the engine serves an 8B-shaped model on Triton kernels (no fallback); tokens/s vs bound" \
     "$PYTHON" -m bench.engine_gpu "${R[@]}" --out-dir "$OUT_DIR"
+QUANT_S=45  # SmolLM2-shaped, batch 1: 3 rounds of 128 tokens per side, each after a reload and graph capture
+((REHEARSE)) && QUANT_S=60
+step quantize-decode "$QUANT_S" "a quantization selection committed as scoped registry entries serves: decode tok/s at batch 1 vs unquantized" \
+    "$PYTHON" -m bench.quantize_decode "${R[@]}" --out-dir "$OUT_DIR"
+
 step profile-gpu 60 "the profiler's op table from device times; ncu where it works" \
     "$PYTHON" -m bench.profile_gpu "${R[@]}" --out-dir "$OUT_DIR"
 TUNE_S=100  # the gate's runaway check adds ~10 s on a GPU; the interpreter needs longer for two candidates of the tiny model

@@ -2,7 +2,8 @@
 
 Every op of the forward but the embedding lookup (linear for each projection, rmsnorm,
 fused_add_rmsnorm, rope, silu_mul, extend_attention, decode_attention) goes through the kernels
-Dispatcher, so a registry change reaches the model at the next `reload()`.
+Dispatcher, so a registry change reaches the model at the next `reload()`. Each projection is called by its
+scope (`linear_at`, named as `parameters()` names it), so a quantization selection reaches the layers it chose.
 """
 
 from __future__ import annotations
@@ -61,19 +62,20 @@ class LlamaModel:
                 hidden = kd.rmsnorm(hidden, layer.input_norm, eps)
             else:
                 hidden, residual = kd.fused_add_rmsnorm(hidden, residual, layer.input_norm, eps)
-            qkv = kd.linear(hidden, layer.qkv_proj, None)
+            qkv = kd.linear_at(f"layers.{index}.qkv_proj", hidden, layer.qkv_proj, None)
             t = qkv.shape[0]
             q = qkv[:, :c.q_size].view(t, c.num_heads, c.head_dim)
             k = qkv[:, c.q_size:c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
             v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
             q, k = kd.rope(q, k, batch.positions, self.cos_sin_cache)
             o = attention(q, k, v, index, batch, pool, kd, self.scale)
-            hidden = kd.linear(o.reshape(t, c.q_size), layer.o_proj, None)
+            hidden = kd.linear_at(f"layers.{index}.o_proj", o.reshape(t, c.q_size), layer.o_proj, None)
             hidden, residual = kd.fused_add_rmsnorm(hidden, residual, layer.post_attention_norm, eps)
-            hidden = kd.linear(kd.silu_mul(kd.linear(hidden, layer.gate_up_proj, None)), layer.down_proj, None)
+            gate_up = kd.linear_at(f"layers.{index}.gate_up_proj", hidden, layer.gate_up_proj, None)
+            hidden = kd.linear_at(f"layers.{index}.down_proj", kd.silu_mul(gate_up), layer.down_proj, None)
         last = batch.last_token_index
         hidden, _ = kd.fused_add_rmsnorm(hidden[last], residual[last], self.norm, eps)
-        return kd.linear(hidden, self.lm_head, None).float()
+        return kd.linear_at("lm_head", hidden, self.lm_head, None).float()
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """Engine-layout name -> tensor (tied lm_head appears once)."""

@@ -17,6 +17,7 @@ from kernelloop.history.charts import INTERPRETER, format_pct
 from kernelloop.history.db import now_iso
 from kernelloop.history.queries import attempt_time, outcome
 from kernelloop.history.report_audit import AUDIT_ROWS, audit_section
+from kernelloop.history.report_quantize import quantize_section
 from kernelloop.history.store import History
 from kernelloop.kernels.display import safe_text
 
@@ -275,6 +276,7 @@ def render(data: ReportData) -> str:
         _figure("Attempts and rejection reasons per op",
                 lambda: charts.attempts_by_op(data.accepted_counts, data.rejections), "verdicts per op by outcome"),
         "<h2>End-to-end gate results</h2>", _gates_table(data.events), audit_section(data.audit, data.events),
+        quantize_section(data.events),
         f"<h2>Registry events (last {EVENT_ROWS})</h2>", _events_table(data.events),
         f"<h2>Tune runs (last {RUN_ROWS})</h2>", _runs_table(data.runs),
         f"<h2>Latest profile rows{pbadge}</h2>", _profile_table(p),

@@ -23,7 +23,7 @@ from kernelloop.history.schema import SCHEMA_VERSION, migrate
 from kernelloop.kernels.profile_contract import PROFILE_COLUMNS, PROFILE_ROW_COLUMNS, Profile
 from kernelloop.kernels.registry.entry import sha256_text
 
-REGISTRY_EVENT_KINDS = ("add", "reload", "rollback", "gate", "verify", "pr")
+REGISTRY_EVENT_KINDS = ("add", "reload", "rollback", "gate", "verify", "pr", "quantize")
 EVENT_FIELDS = ("entry_id", "commit_sha", "device", "dtype", "bucket", "speedup")
 
 
@@ -181,7 +181,7 @@ class History(queries.Queries):
         return candidate_id, self.record_verdict(candidate_id, verdict)
 
     def record_registry_event(self, kind: str, op: str | None, **fields: Any) -> int:
-        """Store a registry event; `kind` is one of add|reload|rollback|gate|verify. Known fields:
+        """Store a registry event; `kind` is one of REGISTRY_EVENT_KINDS. Known fields:
         entry_id, commit_sha, device, dtype, bucket, speedup, ok, detail (a dict); any other
         keyword goes into detail_json too. Returns its id."""
         if kind not in REGISTRY_EVENT_KINDS:

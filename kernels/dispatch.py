@@ -33,6 +33,7 @@ from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.ops import OPS
 from kernelloop.kernels.registry import Entry, Registry, select_entry
+from kernelloop.kernels.scoped import Projections
 from kernelloop.kernels.spec import TOKEN_BUDGET, OpSpec, dtype_name
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,9 @@ class Demotion:
 class OpDispatch:
     """Callable for one op; holds that op's cache: dispatch key -> variant chain."""
 
-    def __init__(self, spec: OpSpec, owner: "Dispatcher"):
+    def __init__(self, spec: OpSpec, owner: "Dispatcher", scope: str = ""):
         self.spec = spec
+        self.scope = scope  # "": every call site; else the one projection this dispatch serves
         self._owner = owner
         self._key = spec.dispatch_key
         self._cache: dict[tuple, list[Variant]] = {}
@@ -101,7 +103,7 @@ class OpDispatch:
 
     def _miss(self, key: tuple, args: tuple) -> list[Variant]:
         where = (dtype_name(args[0].dtype), self.spec.bucket(self.spec.shape_of(*args)))
-        chain = self._owner.resolve(self.spec, *where)
+        chain = self._owner.resolve(self.spec, *where, scope=self.scope)
         self._where[key] = where
         self._cache = {**self._cache, key: chain}
         return chain
@@ -112,7 +114,7 @@ class OpDispatch:
         changed: dict[str, tuple[str, str]] = {}
         for key, chain in self._cache.items():
             dtype, bucket = self._where[key]
-            fresh[key] = self._owner.resolve(self.spec, dtype, bucket)
+            fresh[key] = self._owner.resolve(self.spec, dtype, bucket, scope=self.scope)
             if fresh[key][0].name != chain[0].name:
                 changed[f"{dtype} {bucket}"] = (chain[0].name, fresh[key][0].name)
         self._cache = fresh  # one assignment: callers see the old cache or the new one
@@ -151,16 +153,33 @@ class Dispatcher:
         self._entries = self._read_entries()
         self._loaded: dict[str, Callable | None] = {}
         self.ops: dict[str, OpDispatch] = {name: OpDispatch(spec, self) for name, spec in ops.items()}
+        self.projections = Projections(ops, lambda spec, scope: OpDispatch(spec, self, scope), self.device)
+        self.projections.set_entries(self._entries)
         for name, op in self.ops.items():
             setattr(self, name, op)  # kd.rmsnorm(...) without __getattr__ on the hot path
 
     def __call__(self, op: str, *args: Any) -> Any:
         return self.ops[op](*args)
 
-    def resolve(self, spec: OpSpec, dtype: str, bucket: str) -> list[Variant]:
-        """The fallback chain for (op, dtype, bucket) on this device: [registry entry], baseline, reference."""
+    def linear_at(self, scope: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The projection `scope` (the engine's parameter name, "layers.3.down_proj"): through its quantization
+        scheme's op when the registry's scoped entries (or a plan) quantize it, else the op `linear`."""
+        served = self.projections.served(scope, x.dtype)
+        if served is None:
+            return self.linear(x, weight, bias)
+        op, chosen = served
+        return op(x, *self.projections.quantized(scope, chosen, weight), bias)
+
+    def set_quant_plan(self, plan: Mapping[str, str]) -> None:
+        """Quantize these scopes (scope -> scheme name) in this process, over the registry's selection; {} clears it.
+        How agent quantize measures a selection on an engine before anything is committed."""
+        self.projections.set_plan(plan)
+
+    def resolve(self, spec: OpSpec, dtype: str, bucket: str, scope: str = "") -> list[Variant]:
+        """The fallback chain for (op, dtype, bucket) on this device: [registry entry], baseline, reference.
+        `scope`: the chain of one projection (its scoped entry, if any)."""
         if self.deterministic:
-            return self._deterministic(spec, dtype, bucket)
+            return self._deterministic(spec, dtype, bucket, scope)
         reference = Variant("reference", spec.reference)
         if self.mode == "reference":
             return [reference]
@@ -168,17 +187,17 @@ class Dispatcher:
         if self.mode == "registry" and self.fallback == "reference":
             chain = [reference]
         if self.mode == "registry":
-            entry = select_entry(self._entries, spec.name, self.device, dtype, bucket)
+            entry = select_entry(self._entries, spec.name, self.device, dtype, bucket, scope)
             fn = self._load(entry) if entry is not None else None
             if fn is not None:
                 chain.insert(0, Variant(f"registry:{entry.id}", _within_judged_tokens(spec, fn, self.device)))
         return chain
 
-    def _deterministic(self, spec: OpSpec, dtype: str, bucket: str) -> list[Variant]:
+    def _deterministic(self, spec: OpSpec, dtype: str, bucket: str, scope: str = "") -> list[Variant]:
         """[an invariant registry entry], then the op's deterministic fallback; both invariant."""
         name, fn = det.fallback(spec, "reference" if self.fallback == "reference" else self.mode)
         chain = [Variant(name, fn)] + ([Variant(det.ROWWISE, det.rowwise(spec))] if name != det.ROWWISE else [])
-        entry = (det.invariant_entry(self._entries, spec, self.device, dtype, bucket)
+        entry = (det.invariant_entry(self._entries, spec, self.device, dtype, bucket, scope)
                  if self.mode == "registry" else None)
         loaded = self._load(entry) if entry is not None else None
         if loaded is not None:
@@ -210,11 +229,15 @@ class Dispatcher:
         self._loaded = {sha: fn for sha, fn in self._loaded.items() if fn is not None}  # retry refusals
         self.demotions = []
         changed = {name: op.re_resolve() for name, op in self.ops.items()}
-        return {name: c for name, c in changed.items() if c}
+        before = self.projections.scoped_entries
+        if self.projections.set_entries(self._entries):  # newly quantized scopes have no dispatch to re-resolve yet
+            now = self.projections.scoped_entries
+            changed["quantized scopes"] = {"selection": (f"{before} scoped entries", f"{now} scoped entries")}
+        return {**{name: c for name, c in changed.items() if c}, **self.projections.re_resolve()}
 
     def variants_in_use(self) -> dict[str, dict[str, str]]:
         """op -> {"dtype bucket": variant name} for every shape dispatched so far."""
-        return {name: op.variants_in_use() for name, op in self.ops.items()}
+        return {**{name: op.variants_in_use() for name, op in self.ops.items()}, **self.projections.variants_in_use()}
 
     # -- internals -------------------------------------------------------------------------
 

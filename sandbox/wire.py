@@ -31,6 +31,7 @@ _LEN = struct.Struct("!I")
 # The only dtypes that cross the channel (op inputs and outputs, index tensors).
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "float8_e4m3fn": torch.float8_e4m3fn,  # linear_fp8's weight
     "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
     "bool": torch.bool,
 }

@@ -23,11 +23,12 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_ops_json_lists_the_seven_ops_with_signatures_and_dtypes(capsys):
+def test_ops_json_lists_the_ten_ops_with_signatures_and_dtypes(capsys):
     code, out, _ = run(capsys, "ops", "--json")
     assert code == 0
     ops = {o["name"]: o for o in json.loads(out)["ops"]}
-    assert set(ops) == set(OPS) and len(ops) == 7
+    assert set(ops) == set(OPS) and len(ops) == 10  # seven, and linear's three quantized weights (issue #26)
+    assert ops["linear_int4"]["args"] == ["x", "qweight", "scales", "bias"]
     assert ops["rope"]["signature"] == "rope(q, k, positions, cos_sin_cache) -> (q_out, k_out)"
     assert ops["decode_attention"]["args"] == ["q", "k_buffer", "v_buffer", "kv_indptr", "kv_indices", "sm_scale"]
     for op in ops.values():

@@ -43,6 +43,10 @@ class GateConfig:
     # CPU); `agent tune` turns agent-v1 on for cuda (agent/commands/common_args.py).
     tasks: str = "off"
     task_tolerance: float = 0.05
+    # Budget mode (agent quantize): a commit that changes numerics on purpose. When set, greedy identity is not
+    # required; the gate fails when KL after (to the float32 reference) exceeds this many nats per position, and
+    # reports greedy agreement with before. None: the identity gate above.
+    kl_budget: float | None = None
 
 
 @dataclass(frozen=True)

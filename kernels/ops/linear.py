@@ -13,6 +13,7 @@ The spec; the baseline kernel is kernels/ops/linear_kernel.py.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.linear_kernel import forward
 from kernelloop.kernels.precision import full_precision_matmuls
+from kernelloop.kernels.quant import SCHEMES
 from kernelloop.kernels.spec import DEFAULT_TOLERANCES, TOKEN_BUDGET, Cost, OpSpec, Shape, Variant, size_class
 from kernelloop.kernels.inputs import ROW_VARIANT_KEYS, lay_out_rows, variant_of, vary_rows
 
@@ -159,3 +161,62 @@ SPEC = OpSpec(
     tolerance_scale=tolerance_scale,
     tf32=False,
 )
+
+
+# --- quantized weights (kernels/quant.py): the specs of linear_int8, linear_int4, linear_fp8 ------
+
+def quantized_spec(scheme_name: str, forward: Callable[..., torch.Tensor], *, summary: str,
+                   test_shapes: tuple[dict[str, int], ...], held_back: tuple[dict[str, int], ...],
+                   variant_shapes: tuple[dict[str, int], ...], many_rows: dict[str, int],
+                   range_shapes: tuple[dict[str, int], ...]) -> OpSpec:
+    """linear with its weight stored by a kernels/quant.py scheme: `linear_<scheme>(x, qweight, scales, bias)`.
+
+    reference: the scheme's `dequantize` (float32), then linear's `reference`, cast to x.dtype: the
+    kernel is judged against its own scheme exactly. Inputs: linear's, with the weight quantized.
+    Cost: x + the quantized weight and its scales (`Scheme.weight_bytes`) + y. Engine shapes: linear's
+    the scheme can store. Tolerances, their sqrt(K) scale, variants and batch rows: linear's."""
+    scheme = SCHEMES[scheme_name]
+
+    def quantized_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                            bias: torch.Tensor | None) -> torch.Tensor:
+        return reference(x, scheme.dequantize(qweight, scales), bias)
+
+    def quantized_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str,
+                         variant: Variant | None = None) -> tuple:
+        x, weight, bias = make_inputs(shape, dtype, seed, device, variant)
+        return (x, *scheme.quantize(weight), bias)
+
+    def quantized_shape(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                        bias: torch.Tensor | None) -> dict[str, int]:
+        return {"tokens": math.prod(x.shape[:-1]), "n": qweight.shape[0], "k": x.shape[-1]}
+
+    def quantized_key(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+        return (x.dtype, qweight.shape[0], x.shape[-1], bias is not None, size_class(math.prod(x.shape[:-1])))
+
+    def quantized_cost(shape: Shape, dtype: torch.dtype) -> Cost:
+        m, n, k, es = shape["tokens"], shape["n"], shape["k"], dtype.itemsize
+        return Cost(bytes=(m * k + m * n) * es + scheme.weight_bytes(n, k), flops=2 * m * n * k)
+
+    return OpSpec(
+        name=scheme.op,
+        batch_rows=("x",),
+        signature=f"{scheme.op}(x, qweight, scales, bias) -> y",
+        summary=summary,
+        reference=quantized_reference,
+        forward=forward,
+        make_inputs=quantized_inputs,
+        shape_of=quantized_shape,
+        dispatch_key=quantized_key,
+        cost=quantized_cost,
+        engine_shapes=tuple(s for s in SPEC.engine_shapes if scheme.applies(s["k"])),
+        test_shapes=test_shapes,
+        bucketed=SPEC.bucketed,
+        tolerances=SPEC.tolerances,
+        held_back=held_back,
+        variants=SPEC.variants,
+        variant_shapes=variant_shapes,
+        many_rows=many_rows,
+        range_shapes=range_shapes,
+        tolerance_scale=tolerance_scale,
+        tf32=False,
+    )

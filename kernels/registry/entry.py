@@ -1,4 +1,9 @@
-"""A registry entry: one verified kernel for one (op, device, dtype, shape bucket)."""
+"""A registry entry: one verified kernel for one (op, device, dtype, shape bucket), and optionally one scope.
+
+A scope names the one projection of the model an entry serves ("layers.3.down_proj", "lm_head": the
+engine's parameter names); "" (every call of the op) is the default. Scoped entries are how a
+quantization selection is stored (agent quantize): op "linear_int8" scoped to the layers it chose.
+"""
 
 from __future__ import annotations
 
@@ -43,15 +48,18 @@ class Entry:
     # The verdict's batch invariance (sandbox/batch_invariance.py); None: unknown (not probed, or a manifest
     # written before the field existed). `engine serve --deterministic` serves only entries with True.
     batch_invariant: bool | None = None
+    scope: str = ""  # the projection it serves ("layers.3.down_proj"); "": every call of the op
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.op, self.device, self.dtype, self.bucket)
+    def key(self) -> tuple[str, str, str, str, str]:
+        return (self.op, self.device, self.dtype, self.bucket, self.scope)
 
     @property
     def id(self) -> str:
-        """Stable short name: the op plus a hash of the key and the source."""
-        digest = hashlib.sha256("|".join(self.key + (self.sha256,)).encode()).hexdigest()
+        """Stable short name: the op plus a hash of the key and the source (an unscoped entry's key
+        hashes as its four fields, as before scopes existed, so ids stay stable)."""
+        key = self.key if self.scope else self.key[:4]
+        digest = hashlib.sha256("|".join(key + (self.sha256,)).encode()).hexdigest()
         return f"{self.op}-{digest[:10]}"
 
     @property
@@ -61,6 +69,8 @@ class Entry:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if not self.scope:
+            del d["scope"]  # an unscoped entry is written as before scopes existed
         d["speedup_ci"] = list(self.speedup_ci)
         d["id"] = self.id
         d["source"] = self.source_path
@@ -82,6 +92,7 @@ class Entry:
                 ),
                 verified_at=str(d["verified_at"]), added_at=str(d["added_at"]),
                 batch_invariant=_optional_bool(d.get("batch_invariant"), "batch_invariant"),
+                scope=str(d.get("scope") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RegistryError(f"{where}: malformed entry ({type(exc).__name__}: {exc})") from None
@@ -96,13 +107,20 @@ def _optional_bool(value: Any, name: str) -> bool | None:
     raise TypeError(f"{name} must be true, false or null, got {value!r}")
 
 
-def select_entry(entries: list[Entry], op: str, device: str, dtype: str, bucket: str) -> Entry | None:
-    """The entry serving (op, device, dtype, bucket): an exact bucket first, then ANY_BUCKET."""
+def select_entry(entries: list[Entry], op: str, device: str, dtype: str, bucket: str,
+                 scope: str = "") -> Entry | None:
+    """The entry serving (op, device, dtype, bucket) at every call site (scope ""): an exact bucket first,
+    then ANY_BUCKET. `scope` selects among the entries scoped to that one projection instead."""
     wildcard = None
     for e in entries:
-        if e.op == op and e.device == device and e.dtype == dtype:
+        if e.op == op and e.device == device and e.dtype == dtype and e.scope == scope:
             if e.bucket == bucket:
                 return e
             if e.bucket == ANY_BUCKET:
                 wildcard = e
     return wildcard
+
+
+def scoped_entries(entries: list[Entry], device: str, dtype: str) -> dict[str, Entry]:
+    """scope -> the entry scoped to it for (device, dtype); at most one per scope (agent quantize writes one)."""
+    return {e.scope: e for e in sorted(entries, key=lambda e: e.key) if e.scope and e.device == device and e.dtype == dtype}

@@ -199,6 +199,24 @@ class Registry:
             sha = self._commit(repo, [entry.source_path, MANIFEST_NAME], message)
         return Added(entry, sha)
 
+    def replace_scoped(self, device: str, dtype: str, entries: list[tuple[Entry, str]], message: str) -> str:
+        """Make `entries` (each with its source text; every one scoped) the scoped entries of (device,
+        dtype), dropping the scoped ones there before; one commit, whose sha is returned. An empty list
+        removes the selection. Unscoped entries and other devices' are kept."""
+        if any(not e.scope or e.device != device or e.dtype != dtype for e, _ in entries):
+            raise RegistryError(f"replace_scoped: every entry must be scoped and for {device} {dtype}")
+        with self._writing() as repo:
+            kept = [e for e in self.entries() if not (e.scope and e.device == device and e.dtype == dtype)]
+            paths = [MANIFEST_NAME]
+            for entry, source in entries:
+                if sha256_text(source) != entry.sha256:
+                    raise RegistryError(f"replace_scoped: {entry.scope}: source does not match its sha256")
+                if entry.source_path not in paths:
+                    atomic_write(self.path / entry.source_path, source)
+                    paths.append(entry.source_path)
+            atomic_write(self.manifest_path, render_manifest(kept + [e for e, _ in entries]))
+            return self._commit(repo, paths, message)
+
     def rollback(self, target: str) -> Commit:
         """Undo the commit `target` (a commit sha, or an entry id: the commit that added it)."""
         with self._writing() as repo:
@@ -213,7 +231,7 @@ class Registry:
                     continue
                 if current.get(key) != after.get(key):
                     raise RegistryError(
-                        f"cannot roll back {commit.hexsha[:10]}: {'/'.join(key)} changed again since; "
+                        f"cannot roll back {commit.hexsha[:10]}: {'/'.join(k for k in key if k)} changed again since; "
                         "roll back the later commit first"
                     )
                 if key in before:

@@ -1,0 +1,200 @@
+"""`agent quantize`: choose which projections to store in int8/int4/fp8 under a KL budget, and commit them.
+
+Calibration prompts from the profiler's agent workload; every projection's sensitivity per scheme (the KL of the
+final distribution when only it is quantized); a greedy selection on bytes saved per nat, measured as a whole and
+repaired (agent/quantize/); the held-out quality and the alternatives; then each used scheme's baseline kernel
+judged in the sandbox, the selection committed as scoped registry entries in one commit, gated in budget mode
+and rolled back if the gate fails (agent/quantize/apply.py). Exit 0: committed (or --dry-run); 1: the gate
+failed and the commit was rolled back, a baseline kernel was not correct, or nothing fits the budget; 2: usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from kernelloop.agent.commands.common_args import (add_device_argument, add_history_argument, add_registry_argument,
+                                                  positive_int)
+from kernelloop.agent.render import print_json, print_table
+from kernelloop.kernels.errors import KernelloopError
+
+DEFAULT_BUDGET = 0.05
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quantize", help="quantize the projections that cost least KL per byte saved, under a budget")
+    p.add_argument("--model", default=None, metavar="DIR|NAME",
+                   help="model directory or a known name (smollm2) (default: the embedded model)")
+    add_device_argument(p, "where the model is measured, the kernels judged and the gate run")
+    p.add_argument("--schemes", default=None, metavar="LIST",
+                   help="comma-separated weight schemes to choose from (default int8,int4, plus fp8 where the device "
+                        "computes it: CUDA capability 8.9+)")
+    p.add_argument("--kl-budget", type=float, default=DEFAULT_BUDGET, metavar="NATS",
+                   help=f"mean KL per token to the unquantized model the selection may cost (default {DEFAULT_BUDGET}: "
+                        "small enough that greedy decoding mostly keeps its tokens, large enough for most projections "
+                        "to fit in int8)")
+    p.add_argument("--calibration", type=positive_int, default=8, metavar="N", help="calibration prompts (default 8)")
+    p.add_argument("--held-out", type=positive_int, default=8, metavar="N",
+                   help="held-out prompts the selection is evaluated on, disjoint from calibration (default 8)")
+    p.add_argument("--tokens", type=positive_int, default=16, metavar="T",
+                   help="greedy continuation tokens per prompt that KL is measured along (default 16)")
+    p.add_argument("--dry-run", action="store_true", help="measure and select; judge and commit nothing")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    add_registry_argument(p)
+    add_history_argument(p)
+    p.set_defaults(run=run)
+
+
+def parse_schemes(text: str | None, device: str) -> list[Any]:
+    """The schemes asked for (default int8,int4 and fp8 where supported); an unknown or unsupported one is a
+    usage error."""
+    from kernelloop.kernels.quant import SCHEMES, QuantizationError, scheme
+
+    if text is None:
+        return [SCHEMES["int8"], SCHEMES["int4"]] + ([SCHEMES["fp8"]] if SCHEMES["fp8"].supported(device) else [])
+    out = []
+    for name in dict.fromkeys(n.strip() for n in text.split(",") if n.strip()):
+        try:
+            s = scheme(name)
+        except QuantizationError as exc:
+            raise KernelloopError(f"--schemes: {exc}") from None
+        if not s.supported(device):
+            raise KernelloopError(f"--schemes: {name} is not supported on {device} (needs CUDA capability 8.9+)")
+        out.append(s)
+    if not out:
+        raise KernelloopError("--schemes: name at least one of int8, int4, fp8")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from kernelloop.kernels.device import resolve_device
+
+    if not math.isfinite(args.kl_budget) or args.kl_budget <= 0:
+        raise KernelloopError("--kl-budget must be a positive number of nats")
+    device = resolve_device(args.device)
+    schemes = parse_schemes(args.schemes, device)
+    from kernelloop.agent.progress_view import ProgressView
+    from kernelloop.history import History
+
+    with History(args.history) as history, ProgressView() as progress:
+        report = quantize(args, device, schemes, history, progress)
+    show(report, args.json)
+    return 0 if report["status"] in ("committed", "dry-run") else 1
+
+
+def quantize(args: argparse.Namespace, device: str, schemes: list[Any], history: Any, progress: Any) -> dict[str, Any]:
+    """Measure, select, evaluate; then (unless --dry-run) judge, commit, gate and roll back on failure. Returns the
+    run's record (what --json prints and the history's "quantize" event holds)."""
+    from kernelloop.agent.local_engine import LocalEngine
+    from kernelloop.agent.quantize.alternatives import alternatives
+    from kernelloop.agent.quantize.apply import CALIBRATION_SEED, HELD_OUT_SEED, workload_prompts
+    from kernelloop.agent.quantize.measure import calibrate, quality, sensitivities
+    from kernelloop.agent.quantize.selection import select
+    from kernelloop.kernels.device import device_fingerprint
+    from kernelloop.kernels.spec import dtype_name
+
+    budget = args.kl_budget
+    engine = LocalEngine(model=args.model, device=device, kernels="reference", name="the measured engine",
+                         progress=progress)
+    try:
+        calib_prompts = workload_prompts(engine, args.calibration, CALIBRATION_SEED)
+        held_prompts = workload_prompts(engine, args.held_out, HELD_OUT_SEED, avoid=calib_prompts)
+        progress(f"calibrating: {len(calib_prompts)} prompts, {args.tokens} tokens each (held out: {len(held_prompts)})")
+        calibration = calibrate(engine, calib_prompts, args.tokens)
+        held_out = calibrate(engine, held_prompts, args.tokens)
+        sens = sensitivities(engine, calibration, schemes, progress)
+        selection = select(sens, budget, lambda plan: quality(engine, calibration, plan), progress)
+        held = quality(engine, held_out, selection.plan)
+        progress("alternatives: quantize all, keep first and last, random at the same bytes (held-out prompts)")
+        alts = alternatives(engine, held_out, sens, selection, schemes)
+        shapes = engine.projections()
+        total = sum(n * k for n, k in shapes.values()) * engine.weight_itemsize
+        dtype = dtype_name(engine.engine.model.dtype)
+    finally:
+        engine.close()
+    report: dict[str, Any] = {
+        "model": args.model or "embedded", "device": device_fingerprint(device), "dtype": dtype, "budget": budget,
+        "schemes": [s.name for s in schemes], "tokens": args.tokens,
+        "sensitivities": [s.to_json() for s in sens], "selection": selection.to_json(),
+        "calibration": {"prompts": len(calib_prompts), **selection.measured.to_json()},
+        "held_out": {"prompts": len(held_prompts), **held.to_json()}, "alternatives": alts,
+        "bytes": {"projections": total, "saved": selection.bytes_saved}, "commit": None, "gate": None}
+    if not selection.chosen:
+        report.update(status="no-selection", reason=f"no projection fits a KL budget of {budget:g} nats")
+    elif args.dry_run:
+        report.update(status="dry-run", reason="--dry-run: nothing judged or committed")
+    else:
+        commit_and_gate(args, device, schemes, report, selection.plan, history, progress)
+    if report["commit"] is None:  # a committed run recorded itself before its gate
+        record(history, report)
+    return report
+
+
+def record(history: Any, report: dict[str, Any]) -> None:
+    """The run's "quantize" registry event (the gate's and a rollback's follow it, naming the same commit)."""
+    history.record_registry_event("quantize", None, commit_sha=report["commit"], device=report["device"],
+                                  dtype=report["dtype"], ok=report["commit"] is not None,
+                                  detail={k: v for k, v in report.items() if k != "gate"})
+
+
+def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], report: dict[str, Any],
+                    plan: dict[str, str], history: Any, progress: Any) -> None:
+    """Judge the used schemes' baselines, commit the selection, gate it; roll back when the gate fails.
+    Fills report's status, reason, commit and gate."""
+    from kernelloop.agent.loop.context import LoopContext
+    from kernelloop.agent.quantize.apply import commit_selection, gate_before, gate_commit, judge_baselines, light_gate
+    from kernelloop.kernels.registry import Registry
+
+    used = [s for s in schemes if s.name in set(plan.values())]
+    judged = judge_baselines(used, device, str(args.registry) if args.registry else None, progress)
+    wrong = [j for j in judged.values() if not j.verdict.correct]
+    if wrong:
+        j = wrong[0]
+        report.update(status="kernel-incorrect", reason=f"{j.scheme.op}'s baseline kernel is not correct on {device}: "
+                                                        f"{j.verdict.reason}")
+        return
+    registry = Registry(args.registry)
+    ctx = LoopContext(history=history, registry=registry, proposers={}, device=device, model=args.model,
+                      gate=light_gate(report["budget"], device), progress=progress)
+    try:
+        before = gate_before(ctx)
+        sha = commit_selection(registry, plan, judged, report["device"], report["dtype"], report["budget"])
+        report.update(commit=sha, status="gating", reason="")
+        record(history, report)
+        progress(f"committed {len(plan)} scoped entries ({sha[:10]}); gating in budget mode")
+        result, speed = gate_commit(ctx, before, sha, interpreted=device == "cpu")
+        report["gate"] = result.to_json()
+        history.record_registry_event("gate", None, commit_sha=sha, device=report["device"], dtype=report["dtype"],
+                                      ok=result.ok, detail={**result.to_json(), "speed": speed, "engine": "in-process",
+                                                            "quantize": True})
+        progress(f"end-to-end gate: {'passed' if result.ok else 'FAILED'}: {result.reason}")
+        if result.ok:
+            report.update(status="committed", reason=result.reason)
+            return
+        registry.rollback(sha)
+        history.record_registry_event("rollback", None, commit_sha=sha, device=report["device"], dtype=report["dtype"],
+                                      ok=True, detail={"why": result.reason, "quantize": True})
+        ctx.reload()
+        report.update(status="rolled-back", reason=f"rolled back: {result.reason}")
+    finally:
+        ctx.close()
+
+
+def show(report: dict[str, Any], as_json: bool) -> None:
+    chosen = report["selection"]["chosen"]
+    rows = [(s["scope"], s["scheme"], f"{s['kl']:.2e}", f"{s['saved'] / 2**20:.2f}") for s in chosen]
+    print_table(f"agent quantize: {len(chosen)} projections chosen under {report['budget']:g} nats on {report['device']}",
+                ("scope", "scheme", "solo KL (nats)", "MiB saved"), rows)
+    b, cal, held = report["bytes"], report["calibration"], report["held_out"]
+    share = b["saved"] / b["projections"] if b["projections"] else 0.0
+    print(f"bytes saved: {b['saved'] / 2**20:.2f} MiB of {b['projections'] / 2**20:.2f} MiB of projection weights "
+          f"({share:.1%})")
+    print(f"KL: calibration {cal['kl']:.2e} nats (agreement {cal['agreement']:.1%}), held-out {held['kl']:.2e} nats "
+          f"(agreement {held['agreement']:.1%})")
+    for row in report["alternatives"]:
+        print(f"  {row['name']}: {row['plan_size']} projections, {row['bytes_saved'] / 2**20:.2f} MiB, "
+              f"KL {row['kl']:.2e}, agreement {row['agreement']:.1%} (held-out)")
+    print(f"result: {report['status']}: {report['reason']}" + (f" (commit {report['commit'][:10]})" if report["commit"] else ""))
+    if as_json:
+        print_json(report)

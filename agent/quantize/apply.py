@@ -1,0 +1,120 @@
+"""Putting a selection in the registry: prompts, the baseline kernels judged, the scoped entries committed in one
+commit, gated in budget mode (agent/gate.py judge_budget) and rolled back when the gate fails.
+
+`agent quantize` (agent/commands/quantize.py) runs these in order; each piece is usable alone in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kernelloop.agent.gate import GateResult, HasTokenizer, alternate_speed, chat_ids, judge, summary
+from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
+from kernelloop.kernels.progress import Progress
+from kernelloop.kernels.quant import Scheme
+from kernelloop.kernels.registry import ANY_BUCKET, Entry, Provenance, Registry
+from kernelloop.kernels.registry.entry import sha256_text, utc_now
+from kernelloop.profiler.workload import agent_workload
+
+CALIBRATION_SEED, HELD_OUT_SEED = 0, 1
+PROPOSER = "quantize"
+
+
+def workload_prompts(engine: HasTokenizer, count: int, seed: int, avoid: list[list[int]] = ()) -> list[list[int]]:
+    """`count` prompts of the profiler's agent workload drawn from `seed`, chat-templated as the gate does,
+    none equal to one of `avoid` (so calibration and held-out prompts are disjoint)."""
+    taken = {tuple(p) for p in avoid}
+    out: list[list[int]] = []
+    for request in agent_workload(requests=4 * count + 8, seed=seed):
+        ids = chat_ids(engine, request.messages)
+        if tuple(ids) not in taken:
+            taken.add(tuple(ids))
+            out.append(ids)
+        if len(out) == count:
+            break
+    return out
+
+
+def light_gate(kl_budget: float, device: str) -> GateConfig:
+    """The budget gate's settings. CPU (every kernel interpreted, the quantized ones the slowest): two gate prompts
+    of 4 tokens, one speed round (reported, not judged), one greedy runaway generation of 8 tokens, invariance
+    over 2 tokens in a batch of 2, no task audit. CUDA: the tune loop's gate with the agent-v1 task audit."""
+    if device == "cuda":
+        return GateConfig(kl_budget=kl_budget, tasks="agent-v1")
+    return GateConfig(kl_budget=kl_budget, prompts=GATE_PROMPTS[:2], max_tokens=4, speed_rounds=1,
+                      runaway_tokens=8, runaway_prompts=1, runaway_sampling=(None,), invariance_tokens=2,
+                      invariance_batch=2, tasks="off")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A scheme's baseline kernel as the sandbox judged it (the scoped entries' source and verdict)."""
+
+    scheme: Scheme
+    source: str
+    verdict: Any  # sandbox/verdict.py Verdict
+
+
+def judge_baselines(schemes: list[Scheme], device: str, registry: str | None,
+                    progress: Progress = lambda message: None) -> dict[str, Judged]:
+    """Each scheme's baseline kernel (the text `agent ops --template` starts from) judged once in the sandbox on
+    `device`, correctness only, the path `agent check` takes."""
+    from kernelloop.agent.render import throttled
+    from kernelloop.kernels.ops import baseline_source
+    from kernelloop.sandbox import CheckOptions, Sandbox
+    from kernelloop.sandbox.verdict import judge_or_refuse
+
+    out: dict[str, Judged] = {}
+    with Sandbox(CheckOptions(device=device, registry=registry, timing=False),
+                 progress=throttled(progress, prefix="    sandbox: ")) as sandbox:
+        for s in schemes:
+            progress(f"judging {s.op}'s baseline kernel on {device}")
+            source = baseline_source(s.op)
+            out[s.name] = Judged(s, source, judge_or_refuse(sandbox, s.op, source, f"{s.op}_kernel.py"))
+    return out
+
+
+def scoped_entries(plan: dict[str, str], judged: dict[str, Judged], device: str, dtype: str) -> list[tuple[Entry, str]]:
+    """The selection as registry entries: one per scope, its scheme's op and baseline kernel, every bucket,
+    speedup 1.0 (bytes are what they buy; the gate measures the rest)."""
+    out = []
+    for scope, name in sorted(plan.items()):
+        j = judged[name]
+        entry = Entry(op=j.scheme.op, device=device, dtype=dtype, bucket=ANY_BUCKET, sha256=sha256_text(j.source),
+                      speedup=1.0, speedup_ci=(1.0, 1.0), provenance=Provenance(PROPOSER),
+                      verified_at=utc_now(),
+                      batch_invariant=j.verdict.batch_invariant, scope=scope)
+        out.append((entry, j.source))
+    return out
+
+
+def commit_selection(registry: Registry, plan: dict[str, str], judged: dict[str, Judged], device: str, dtype: str,
+                     budget: float) -> str:
+    """One registry commit replacing (device, dtype)'s scoped entries with the selection; its sha."""
+    counts = {name: sum(1 for v in plan.values() if v == name) for name in sorted(set(plan.values()))}
+    what = ", ".join(f"{n} {name}" for name, n in counts.items())
+    return registry.replace_scoped(device, dtype, scoped_entries(plan, judged, device, dtype),
+                                   f"quantize: {len(plan)} projections ({what}) under a KL budget of {budget:g} nats")
+
+
+def gate_before(ctx: Any) -> dict[str, Any]:
+    """The gate's summary of the engine as it serves now (before the commit). `ctx`: a LoopContext."""
+    return summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations(),
+                   invariance=ctx.batch_invariance(), tasks=ctx.task_audit())
+
+
+def gate_commit(ctx: Any, before: dict[str, Any], commit_sha: str, interpreted: bool) -> tuple[GateResult, dict[str, Any]]:
+    """Reload at HEAD (the commit), measure, alternate the speed between the commit's parent and the commit,
+    and judge in budget mode. Returns the result and the speed rounds."""
+    ctx.reload()
+    after = summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations(),
+                    invariance=ctx.batch_invariance(), tasks=ctx.task_audit())
+    rounds = ctx.gate.speed_rounds
+    ctx.progress(f"end-to-end gate: tokens/s before and after, {rounds} alternated round{'s' if rounds != 1 else ''}")
+    measure_at = ctx.tokens_per_second_at
+    if interpreted:  # reported, never judged: no untimed warm-up run on each side
+        measure_at = lambda revision, warmup: ctx.tokens_per_second_at(revision, False)  # noqa: E731
+    speed = alternate_speed(measure_at, f"{commit_sha}^", commit_sha, rounds, ctx.progress)
+    ctx.reload()  # back to HEAD
+    return judge(before, after, speed, ctx.gate, interpreted=interpreted), speed

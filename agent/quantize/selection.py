@@ -1,0 +1,155 @@
+"""Choosing which projections to quantize: the most bytes saved under a KL budget.
+
+Each projection's schemes form a ladder (full precision, then the schemes saving more bytes, kept where each rung
+buys bytes at a better rate than the ones above it: the lower convex hull of solo KL against bytes saved). Greedy
+climbs the rungs of every ladder together, best bytes per nat first, while the sum of the solo KLs of the rungs
+taken stays under the budget; so a projection ends at most at one scheme, and int4 is chosen where its extra bytes
+over int8 are cheap enough, not only where int4 alone beats int8 per nat. KL is not additive (errors of several
+layers interact), so the whole selection is then measured, and while its upper confidence bound is over the budget
+the least efficient rungs are stepped back down (enough that their estimated share matches the excess) and it is
+measured again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kernelloop.agent.quantize.measure import Quality, Sensitivity
+from kernelloop.kernels.progress import Progress
+
+KL_FLOOR = 1e-9  # a solo KL (or a rung's extra KL) at or below this (rounding noise) ranks as this
+MAX_REPAIRS = 12
+
+
+def efficiency(s: Sensitivity) -> float:
+    """Bytes saved per nat of KL."""
+    return s.saved / max(s.kl, KL_FLOOR)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step up a projection's ladder: to `to`, saving `extra_bytes` more than the rung below for `extra_kl`
+    more solo KL."""
+
+    to: Sensitivity
+    extra_bytes: int
+    extra_kl: float
+    height: int  # 0 for the first rung above full precision
+
+    @property
+    def efficiency(self) -> float:
+        return self.extra_bytes / max(self.extra_kl, KL_FLOOR)
+
+
+def ladder(options: list[Sensitivity]) -> list[Rung]:
+    """One projection's schemes as rungs of non-increasing bytes per nat: from full precision, each time the
+    scheme saving more bytes at the best rate over the current rung; schemes never worth a step are left out."""
+    rungs: list[Rung] = []
+    saved, kl = 0, 0.0
+    while True:
+        above = [s for s in options if s.saved > saved]
+        if not above:
+            return rungs
+        rate = lambda s: (s.saved - saved) / max(max(s.kl, 0.0) - kl, KL_FLOOR)  # noqa: E731
+        best = max(above, key=lambda s: (rate(s), s.saved))
+        rungs.append(Rung(best, best.saved - saved, max(max(best.kl, 0.0) - kl, 0.0), len(rungs)))
+        saved, kl = best.saved, max(kl, max(best.kl, 0.0))
+
+
+def greedy_rungs(sens: list[Sensitivity], budget: float) -> list[Rung]:
+    """The rungs taken, most efficient first: every projection's ladder climbed together while the sum of the
+    taken rungs' extra KL stays within `budget`; a projection whose next rung does not fit climbs no further."""
+    by_scope: dict[str, list[Sensitivity]] = {}
+    for s in sens:
+        by_scope.setdefault(s.scope, []).append(s)
+    rungs = [r for options in by_scope.values() for r in ladder(options)]
+    rungs.sort(key=lambda r: (-r.efficiency, r.height))
+    taken: list[Rung] = []
+    height: dict[str, int] = {}
+    stuck: set[str] = set()
+    total = 0.0
+    for r in rungs:
+        scope = r.to.scope
+        if scope in stuck or r.height != height.get(scope, 0):
+            continue
+        if total + r.extra_kl > budget:
+            stuck.add(scope)
+            continue
+        taken.append(r)
+        height[scope] = r.height + 1
+        total += r.extra_kl
+    return taken
+
+
+def top_of(rungs: list[Rung]) -> list[Sensitivity]:
+    """Each projection's highest rung taken (its chosen scheme), in the order projections were first taken."""
+    top: dict[str, Sensitivity] = {}
+    for r in rungs:
+        top[r.to.scope] = r.to
+    return list(top.values())
+
+
+def greedy(sens: list[Sensitivity], budget: float) -> list[Sensitivity]:
+    """The chosen sensitivities: one scheme per projection, the sum of the rungs' solo KLs within `budget`."""
+    return top_of(greedy_rungs(sens, budget))
+
+
+@dataclass
+class Selection:
+    chosen: list[Sensitivity]              # one per projection, in the order they were first taken
+    measured: Quality                      # the whole selection, measured together
+    budget: float
+    repairs: list[dict[str, Any]] = field(default_factory=list)  # each: rungs stepped down, KL before and after
+
+    @property
+    def plan(self) -> dict[str, str]:
+        return {s.scope: s.scheme for s in self.chosen}
+
+    @property
+    def bytes_saved(self) -> int:
+        return sum(s.saved for s in self.chosen)
+
+    @property
+    def within_budget(self) -> bool:
+        """The measured KL's upper confidence bound is within the budget (so the mean is, with margin)."""
+        return self.measured.kl_upper <= self.budget
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan, "bytes_saved": self.bytes_saved, "budget": self.budget,
+                "measured": self.measured.to_json(), "repairs": self.repairs,
+                "chosen": [s.to_json() for s in self.chosen]}
+
+
+def select(sens: list[Sensitivity], budget: float, measure: Callable[[dict[str, str]], Quality],
+           progress: Progress = lambda message: None) -> Selection:
+    """Greedy, then measured as a whole and repaired until the measured KL's upper bound is within `budget` (or
+    nothing is left). `measure(plan)` is `measure.quality` on the calibration."""
+    rungs = greedy_rungs(sens, budget)
+    selection = Selection(top_of(rungs), measure({s.scope: s.scheme for s in top_of(rungs)}), budget)
+    progress(f"greedy choice: {len(selection.chosen)} projections, {selection.bytes_saved / 2**20:.1f} MiB saved, "
+             f"KL {selection.measured.kl:.2e} nats measured (upper bound {selection.measured.kl_upper:.2e}, "
+             f"budget {budget:.2e})")
+    for _ in range(MAX_REPAIRS):
+        if selection.within_budget or not rungs:
+            break
+        estimated = sum(r.extra_kl for r in rungs)
+        excess = estimated * (1 - budget / selection.measured.kl_upper)  # the estimated share to remove
+        down, removed = [], 0.0
+        while rungs and (removed < excess or not down):
+            r = rungs.pop()  # the least efficient; a projection's higher rung always comes after its lower
+            down.append(r)
+            removed += r.extra_kl
+        before = selection.measured
+        selection.chosen = top_of(rungs)
+        nothing = Quality(0.0, 1.0, before.positions)  # no projection quantized: the unquantized model
+        selection.measured = measure(selection.plan) if selection.chosen else nothing
+        selection.repairs.append({"stepped_down": [f"{r.to.scope}:{r.to.scheme}" for r in down],
+                                  "kl_before": before.kl, "kl_after": selection.measured.kl,
+                                  "kl_upper_after": selection.measured.kl_upper})
+        progress(f"repair: stepped {len(down)} down, KL {before.kl:.2e} -> {selection.measured.kl:.2e} nats "
+                 f"(upper bound {selection.measured.kl_upper:.2e})")
+    if not math.isfinite(selection.measured.kl):
+        raise ValueError("the selection's KL is not finite")
+    return selection

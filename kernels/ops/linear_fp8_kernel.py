@@ -1,0 +1,187 @@
+"""linear_fp8(x, qweight, scales, bias) -> y = x @ (qweight * scales[:, None]).T (+ bias): the baseline kernel.
+
+x [..., K] (any strides) float32/float16/bfloat16; qweight float8_e4m3fn [N, K] (Hugging Face layout, row
+n is output channel n); scales float32 [N], one per output channel; bias [N] in x.dtype or None. y [..., N]
+contiguous in x.dtype, float32 accumulation, IEEE float32 dots for float32 (never TF32). A
+self-contained candidate module (kernels/ops/linear_fp8.py holds the spec).
+
+linear's tiled GEMM with the weight dequantized in the kernel: e4m3 tiles are loaded and converted to
+x's dtype (exact: every e4m3 value is a float16 and a bfloat16), dotted with x in float32, and the
+channel's scale multiplies the accumulator once, in the epilogue (sum_k x_k q_k s = s sum_k x_k q_k).
+Few output tiles (decode) are split along K: float32 partials to a workspace, added in split order by
+a second kernel that scales, adds the bias and casts (no atomics: bitwise deterministic).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# --- kernels ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _linear_fp8_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, k_chunk,
+                       stride_xm, stride_xk, stride_wn, stride_wk, stride_ym,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    # Grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K): program (t, s) computes output tile t over K
+    # slice s, [s * k_chunk, min((s + 1) * k_chunk, K)); tiles in groups of GROUP_M row tiles.
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows past M and columns past N wrap onto valid ones (their results are never stored); only
+    # the K tail is masked, with zeros that add nothing.
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    k_lo = split * k_chunk
+    k_hi = tl.minimum(k_lo + k_chunk, K)
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + (k_lo + offs_k)[None, :] * stride_xk
+    w_ptrs = w_ptr + rn[None, :] * stride_wn + (k_lo + offs_k)[:, None] * stride_wk  # qweight.T tile [BK, BN]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_mask = offs_k < k_hi - k0
+        a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0).to(a.dtype)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT_K == 1:
+        acc *= tl.load(s_ptr + rn)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+        y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:  # workspace [SPLIT_K, M, N] float32, unscaled
+        ws_ptrs = ws_ptr + (split * M + offs_m).to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(ws_ptr, s_ptr, b_ptr, y_ptr, total, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    # y (contiguous [M, N], total = M * N) flattened: program p sums the SPLIT_K partials of BLOCK
+    # outputs in split order (deterministic), scales by the channel's scale, adds the bias and casts.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * total + offs, mask=mask, other=0.0)
+    acc *= tl.load(s_ptr + offs % N, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# --- configurations -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """One tiling of the GEMM. split_k: whether few output tiles may be split along K."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    split_k: bool = False
+
+
+# (largest M, config) per token bucket, first match wins: linear's tables (kernels/ops/linear_kernel.py),
+# except at prefill: converting the e4m3 tile costs registers, and linear's 128x256x64 (16-bit) and
+# 64x128x32 (float32) tiles spill on sm80 / sm80 and sm90 (kernels/target_compile.py); half the K step does not.
+CONFIGS_16BIT: tuple[tuple[int, Config], ...] = (
+    (16, Config(16, 64, 128, 8, 8, 4, split_k=True)),
+    (128, Config(64, 128, 64, 8, 4, 4, split_k=True)),
+    (1024, Config(128, 128, 64, 8, 8, 3)),
+    (1 << 62, Config(128, 256, 32, 8, 8, 3)),
+)
+CONFIGS_FP32: tuple[tuple[int, Config], ...] = (
+    (16, Config(16, 64, 64, 8, 8, 3, split_k=True)),
+    (128, Config(32, 64, 32, 8, 8, 3, split_k=True)),
+    (1 << 62, Config(64, 128, 16, 8, 8, 3)),
+)
+
+TARGET_PROGRAMS = 528  # programs worth launching: ~4 waves of an H100/H200's 132 SMs
+MAX_SPLIT_K = 16
+MIN_SPLIT_K = 512  # K per split, about: no split shorter than this
+REDUCE_BLOCK = 1024
+
+
+def pick_config(m: int, dtype: torch.dtype) -> Config:
+    table = CONFIGS_FP32 if dtype == torch.float32 else CONFIGS_16BIT
+    return next(cfg for limit, cfg in table if m <= limit)
+
+
+def split_k_plan(m: int, n: int, k: int, cfg: Config, splits: int | None = None) -> tuple[int, int]:
+    """(splits, K per split): a multiple of BLOCK_K, every split non-empty. Host-side, no sync."""
+    if splits is None:
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        if not cfg.split_k or tiles >= TARGET_PROGRAMS:
+            splits = 1
+        else:
+            splits = min(MAX_SPLIT_K, triton.cdiv(TARGET_PROGRAMS, tiles), triton.cdiv(k, MIN_SPLIT_K))
+    splits = max(1, min(splits, triton.cdiv(k, cfg.block_k)))
+    if splits == 1:
+        return 1, k
+    chunk = triton.cdiv(triton.cdiv(k, splits), cfg.block_k) * cfg.block_k
+    return triton.cdiv(k, chunk), chunk
+
+
+def launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, *,
+           config: Config | None = None, split_k: int | None = None) -> torch.Tensor:
+    """`forward` with its choices exposed: a config (default: by M) and a split count (default: by tiles)."""
+    K = x.shape[-1]
+    N = qweight.shape[0]
+    if qweight.dim() != 2 or qweight.shape[1] != K or qweight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"linear_fp8: qweight {tuple(qweight.shape)} {qweight.dtype} is not float8_e4m3fn [N, {K}]")
+    if tuple(scales.shape) != (N,) or scales.dtype != torch.float32:
+        raise ValueError(f"linear_fp8: scales {tuple(scales.shape)} {scales.dtype} are not float32 [{N}]")
+    if bias is not None and tuple(bias.shape) != (N,):
+        raise ValueError(f"linear_fp8: bias {tuple(bias.shape)} is not [{N}]")
+    lead = x.shape[:-1]
+    M = math.prod(lead)
+    x2 = x.reshape(M, K)  # a view for 2-D (any strides) and contiguous 3-D inputs
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y.view(*lead, N)
+    cfg = config or pick_config(M, x.dtype)
+    splits, chunk = split_k_plan(M, N, K, cfg, split_k)
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp16/bf16 operands are exact either way
+    ws = torch.empty((splits, M, N), dtype=torch.float32, device=x.device) if splits > 1 else y
+    b = bias if bias is not None else y  # never read without HAS_BIAS
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), splits)
+    _linear_fp8_kernel[grid](
+        x2, qweight, scales, b, y, ws, M, N, K, chunk,
+        x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1), y.stride(0),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        SPLIT_K=splits, HAS_BIAS=bias is not None, PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        _split_k_reduce_kernel[(triton.cdiv(M * N, REDUCE_BLOCK),)](
+            ws, scales, b, y, M * N, N, SPLIT_K=splits, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4,
+        )
+    return y.view(*lead, N)
+
+
+def forward(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return launch(x, qweight, scales, bias)

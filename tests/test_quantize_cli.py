@@ -1,0 +1,147 @@
+"""`agent quantize` end to end on the embedded model: usage errors, a dry run, a commit that passes the budget gate and
+shows in the history and report, a gate failure that rolls the commit back, and a baseline kernel judged incorrect.
+
+The sandbox's judgement of the baselines is stubbed (it is `agent check`'s path, tested there, and takes minutes in
+the interpreter); the gate is the budget gate on two gate prompts with the runaway and invariance checks off."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernelloop.agent import cli
+from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
+from kernelloop.agent.quantize import apply
+from kernelloop.history import History
+from kernelloop.kernels.ops import baseline_source
+from kernelloop.kernels.quant import SCHEMES
+from kernelloop.kernels.registry import ANY_BUCKET, Provenance
+
+FAST = ("--device", "cpu", "--calibration", "1", "--held-out", "1", "--tokens", "2")
+
+
+class Verdict:
+    def __init__(self, correct: bool) -> None:
+        self.correct, self.batch_invariant = correct, None
+        self.reason = "correct" if correct else "wrong values at tokens=3"
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """The gate made light and the sandbox's verdicts stubbed; `gate_budget` and `correct` steer them."""
+    knobs = {"gate_budget": None, "correct": True}
+
+    def gate(budget: float, device: str) -> GateConfig:
+        chosen = knobs["gate_budget"] if knobs["gate_budget"] is not None else budget
+        return GateConfig(prompts=GATE_PROMPTS[:1], max_tokens=1, speed_rounds=1, runaway_tokens=0,
+                          invariance_tokens=0, tasks="off", kl_budget=chosen)
+
+    def judge(schemes, device, registry, progress=None):
+        return {s.name: apply.Judged(s, baseline_source(s.op), Verdict(knobs["correct"])) for s in schemes}
+
+    monkeypatch.setattr(apply, "light_gate", gate)
+    monkeypatch.setattr(apply, "judge_baselines", judge)
+    return knobs
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = cli.main(["quantize", *argv])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--schemes", "int9"), "unknown quantization scheme"),
+    (("--schemes", "fp8", "--device", "cpu"), "fp8 is not supported on cpu"),
+    (("--kl-budget", "-1", "--device", "cpu"), "--kl-budget must be a positive"),
+    (("--kl-budget", "nan", "--device", "cpu"), "--kl-budget must be a positive"),
+])
+def test_usage_errors_are_one_line_and_exit_2(capsys, tmp_path, argv, words):
+    code, out, err = run(capsys, *argv, "--history", str(tmp_path / "h.db"), "--registry", str(tmp_path / "r"))
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and not out
+    assert not (tmp_path / "h.db").exists()  # nothing measured or recorded
+
+
+def test_argparse_refuses_zero_prompts(capsys):
+    code, _, err = run(capsys, "--calibration", "0")
+    assert code == 2 and "--calibration" in err
+
+
+def add_unscoped(registry):
+    source = baseline_source("linear")
+    return registry.add("linear", source, device="cpu-interpreter", dtype="float32", bucket=ANY_BUCKET, speedup=1.2,
+                        speedup_ci=(1.1, 1.3), provenance=Provenance("search"))
+
+
+def test_a_dry_run_measures_selects_and_commits_nothing(capsys, tmp_path, registry, stubbed):
+    add_unscoped(registry)
+    head = registry.head()
+    code, out, _ = run(capsys, *FAST, "--schemes", "int8", "--dry-run", "--json",
+                       "--registry", str(registry.path), "--history", str(tmp_path / "h.db"))
+    assert code == 0
+    report = json.loads(out[out.index("\n{") + 1:])  # the JSON object is printed last
+    assert report["status"] == "dry-run" and report["selection"]["plan"]
+    assert report["held_out"]["prompts"] == 1 and report["calibration"]["kl"] <= report["budget"]
+    assert {row["name"] for row in report["alternatives"]} >= {"kl-guided"}
+    assert registry.head() == head
+    with History(tmp_path / "h.db") as h:
+        assert [e["kind"] for e in h.registry_events()] == ["quantize"]
+
+
+def test_a_selection_within_budget_is_committed_gated_recorded_and_reported(capsys, tmp_path, registry, stubbed):
+    from kernelloop.history.report import write_report
+
+    add_unscoped(registry)
+    stubbed["gate_budget"] = 0.05  # the selection's small budget (few, small projections: a cheap gate) is its own
+    code, out, err = run(capsys, *FAST, "--schemes", "int8,int4", "--kl-budget", "2e-6", "--registry", str(registry.path),
+                         "--history", str(tmp_path / "h.db"))
+    assert code == 0, err
+    assert "result: committed" in out and "bytes saved" in out
+    scoped = [e for e in registry.entries() if e.scope]
+    assert scoped and all(e.op in ("linear_int8", "linear_int4") for e in scoped)
+    assert any(e.op == "linear" and not e.scope for e in registry.entries())
+    with History(tmp_path / "h.db") as h:
+        events = h.registry_events()
+    assert [e["kind"] for e in events][:2] == ["gate", "quantize"]
+    gate = events[0]["detail"]
+    assert events[0]["ok"] and gate["kl_budget"] == 0.05 and gate["agreement"] is not None
+    assert events[1]["detail"]["budget"] == 2e-6 and events[1]["commit_sha"] == events[0]["commit_sha"]
+    html = write_report(tmp_path / "h.db", tmp_path / "report").read_text()
+    assert "<h2>Quantization</h2>" in html and "kl-guided" in html and scoped[0].scope in html
+
+
+def test_a_gate_over_budget_rolls_the_commit_back(capsys, tmp_path, registry, stubbed):
+    add_unscoped(registry)
+    stubbed["gate_budget"] = 1e-30  # the measured selection fits 0.05; the gate's KL to float32 cannot fit this
+    code, out, _ = run(capsys, *FAST, "--schemes", "int8", "--kl-budget", "2e-6", "--json", "--registry", str(registry.path),
+                       "--history", str(tmp_path / "h.db"))
+    assert code == 1
+    report = json.loads(out[out.index("\n{") + 1:])
+    assert report["status"] == "rolled-back" and "over the budget" in report["reason"]
+    sha = report["commit"]
+    key = lambda entries: sorted((e.key, e.sha256) for e in entries)  # noqa: E731
+    assert key(registry.entries()) == key(registry.entries(f"{sha}^"))
+    assert not any(e.scope for e in registry.entries())
+    with History(tmp_path / "h.db") as h:
+        kinds = [e["kind"] for e in h.registry_events()]
+    assert kinds[:3] == ["rollback", "gate", "quantize"]
+
+
+def test_an_incorrect_baseline_kernel_commits_nothing(capsys, tmp_path, registry, stubbed):
+    stubbed["correct"] = False
+    head = registry.head()
+    code, out, _ = run(capsys, *FAST, "--schemes", "int8", "--registry", str(registry.path),
+                       "--history", str(tmp_path / "h.db"))
+    assert code == 1 and "not correct" in out
+    assert registry.head() == head and not registry.entries()
+
+
+def test_fp8_is_offered_by_default_only_where_supported():
+    from kernelloop.agent.commands.quantize import parse_schemes
+
+    assert [s.name for s in parse_schemes(None, "cpu")] == ["int8", "int4"]
+    assert SCHEMES["fp8"].supported("cpu") is False

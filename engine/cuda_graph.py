@@ -18,7 +18,7 @@ import torch
 
 from kernelloop.engine.batch import ForwardBatch
 from kernelloop.engine.memory import KVPool
-from kernelloop.engine.model import LlamaModel
+from kernelloop.engine.models import Model
 from kernelloop.kernels.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 class DecodeGraphs:
-    def __init__(self, model: LlamaModel, pool: KVPool, kernels: Dispatcher, max_batch: int, max_kv_tokens: int,
+    def __init__(self, model: Model, pool: KVPool, kernels: Dispatcher, max_batch: int, max_kv_tokens: int,
                  batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES):
         self.model, self.pool, self.kernels = model, pool, kernels
         self.sizes = sorted({b for b in batch_sizes if b <= max_batch} | {max_batch})

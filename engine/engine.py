@@ -23,8 +23,8 @@ from kernelloop.engine.cpu_allocator import keep_freed_memory
 from kernelloop.engine.detokenizer import IncrementalDetokenizer
 from kernelloop.engine.errors import EngineError
 from kernelloop.engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
-from kernelloop.engine.model import LlamaModel
 from kernelloop.engine.model_source import resolve_model_dir
+from kernelloop.engine.models import build_model, read_config
 from kernelloop.engine.radix_cache import RadixCache
 from kernelloop.engine.recorder import FORWARD, SAMPLE, SCHEDULE, STEP, Recorder, region
 from kernelloop.engine.request import Request
@@ -77,14 +77,14 @@ class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()):
         self.config = config
         self.model_dir = resolve_model_dir(config.model)
-        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.model_config = read_config(self.model_dir)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.device = torch.device(config.device)
         if self.device.type == "cpu":
             keep_freed_memory()  # large per-layer buffers stay in the heap (engine/cpu_allocator.py)
         self.dtype = resolve_dtype(config.dtype, self.model_config, config.device)
         self.max_context = _max_context(config.max_context, self.model_config)  # before the weights: fail fast
-        self.model = LlamaModel(self.model_config, self.dtype, self.device)
+        self.model = build_model(self.model_config, self.dtype, self.device)
         if config.random_weights:
             init_random_weights(self.model)
         else:

@@ -93,29 +93,33 @@ def test_extend_through_the_op_matches_the_definition(kernels, dtype):
 
 
 _CAPTURE = r'''
-import json, torch
+import dataclasses, json, torch
 from kernelloop.engine.batch import ForwardBatch
 from kernelloop.engine.config import ModelConfig
 from kernelloop.engine.memory import KVPool
-from kernelloop.engine.model import LlamaModel
+from kernelloop.engine.models.decoder import DecoderModel
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.target_compile import capture_launches
 
-config = ModelConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=8,
-                     num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, max_position_embeddings=1024,
-                     tie_word_embeddings=False)
-model = LlamaModel(config, torch.bfloat16, "meta")  # meta tensors: reading a value on the host raises
-pool = KVPool(config, 1024, torch.bfloat16, "meta")
-kd = Dispatcher("baseline")
+llama = ModelConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=8,
+                    num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, max_position_embeddings=1024,
+                    tie_word_embeddings=False)
+# Qwen3 with attention_bias: every optional call site (q/k/v and o biases, per-head q/k norms)
+qwen3 = dataclasses.replace(llama, qkv_bias=True, o_bias=True, qk_norm=True)
 slots = [torch.arange(1 + 300 * i, 1 + 300 * i + n) for i, n in enumerate((40, 1, 257))]
 batches = {"decode": ForwardBatch.build("decode", [[5]] * 3, [39, 0, 256], slots, "meta"),
            "extend": ForwardBatch.build("extend", [[5] * 7, [6], [7] * 30], [33, 0, 227], slots, "meta")}
 out = {}
-for mode, batch in batches.items():
-    with capture_launches() as launches:  # kernels recorded, not run
-        logits = model.forward(batch, pool, kd)
-    out[mode] = {"kernels": [l.name for l in launches], "logits": [str(logits.device), *logits.shape]}
-out["variants"] = kd.variants_in_use()
+for name, config in (("llama", llama), ("qwen3", qwen3)):
+    model = DecoderModel(config, torch.bfloat16, "meta")  # meta tensors: reading a value on the host raises
+    pool = KVPool(config, 1024, torch.bfloat16, "meta")
+    kd = Dispatcher("baseline")
+    out[name] = {}
+    for mode, batch in batches.items():
+        with capture_launches() as launches:  # kernels recorded, not run
+            logits = model.forward(batch, pool, kd)
+        out[name][mode] = {"kernels": [l.name for l in launches], "logits": [str(logits.device), *logits.shape]}
+    out[name]["variants"] = kd.variants_in_use()
 print(json.dumps(out))
 '''
 
@@ -130,13 +134,17 @@ def test_forward_never_reads_device_values_on_the_host(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
     layers = 2
-    for mode, attention_kernel in (("decode", "_stage1_kernel"), ("extend", "_extend_kernel")):
-        kernels = result[mode]["kernels"]
-        assert result[mode]["logits"] == ["meta", 3, 1000], mode
-        assert kernels.count("_linear_kernel") == 4 * layers + 1, (mode, kernels)  # qkv, o, gate_up, down; lm_head
-        assert kernels.count(attention_kernel) == layers, (mode, kernels)
-    for op, variants in result["variants"].items():
-        assert set(variants.values()) == {"baseline"}, (op, variants)
-    assert {"linear", "extend_attention", "decode_attention", "rope", "silu_mul"} <= set(result["variants"])
+    for name, norms in (("llama", 1), ("qwen3", 1 + 2 * layers)):  # the first input norm; q and k norms per layer
+        result = results[name]
+        for mode, attention_kernel in (("decode", "_stage1_kernel"), ("extend", "_extend_kernel")):
+            kernels = result[mode]["kernels"]
+            assert result[mode]["logits"] == ["meta", 3, 1000], (name, mode)
+            # qkv, o, gate_up, down; lm_head
+            assert kernels.count("_linear_kernel") == 4 * layers + 1, (name, mode, kernels)
+            assert kernels.count(attention_kernel) == layers, (name, mode, kernels)
+            assert kernels.count("_rmsnorm_kernel") == norms, (name, mode, kernels)
+        for op, variants in result["variants"].items():  # every op called (the quantized linears are not)
+            assert set(variants.values()) <= {"baseline"}, (name, op, variants)
+        assert {"linear", "extend_attention", "decode_attention", "rope", "silu_mul"} <= set(result["variants"])

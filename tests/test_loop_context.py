@@ -8,8 +8,7 @@ from pathlib import Path
 import torch
 
 from kernelloop.agent.loop.context import LoopContext
-from kernelloop.engine.config import ModelConfig
-from kernelloop.engine.model import LlamaModel
+from kernelloop.engine.models import build_model, read_config
 from kernelloop.engine.weights import init_random_weights
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry
@@ -20,8 +19,8 @@ from tests.hf_checkpoints import make_checkpoint
 def test_random_weights_agree_across_dtypes_up_to_rounding(tmp_path: Path) -> None:
     """A bf16 engine on random weights is gated against a float32 reference on the same seed: the
     two must hold the same weights, up to bf16 rounding (not two different random models)."""
-    config = ModelConfig.from_dir(make_checkpoint(tmp_path / "ckpt"))
-    low, full = LlamaModel(config, torch.bfloat16, "cpu"), LlamaModel(config, torch.float32, "cpu")
+    config = read_config(make_checkpoint(tmp_path / "ckpt"))
+    low, full = build_model(config, torch.bfloat16, "cpu"), build_model(config, torch.float32, "cpu")
     init_random_weights(low)
     init_random_weights(full)
     for name, tensor in full.parameters().items():

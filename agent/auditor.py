@@ -77,11 +77,11 @@ class PollResult:
 
 class Auditor:
     def __init__(self, source: AuditSource, reference: Reference, registry: Registry, history: History,
-                 config: AuditConfig = AuditConfig(), reload: Callable[[], Any] | None = None) -> None:
+                 config: AuditConfig | None = None, reload: Callable[[], Any] | None = None) -> None:
         """`reload`: what reloads the engines after a rollback (default: the audited engine's reload; the
         daemon of a fleet passes the fleet's, agent/fleet.py, so every engine stops serving the commit)."""
         self.source, self.reference, self.registry, self.history = source, reference, registry, history
-        self.config = config
+        self.config = config or AuditConfig()
         self.reload = reload or source.reload
         self._instance: str | None = None
 

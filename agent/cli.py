@@ -6,11 +6,22 @@ import argparse
 import logging
 import sys
 
+from kernelloop.agent.commands import (
+    audit,
+    check,
+    daemon,
+    history,
+    ops,
+    pr,
+    profile,
+    quantize,
+    registry,
+    report,
+    tune,
+    verify,
+)
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import KernelloopError
-
-from kernelloop.agent.commands import (audit, check, daemon, history, ops, pr, profile, quantize, registry, report, tune,
-                                       verify)
 
 COMMANDS = (ops, check, profile, tune, quantize, daemon, audit, verify, pr, registry, history, report)
 

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from kernelloop.agent.gate import Measurement
-
 from kernelloop.agent.loop.state import GateConfig
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import KernelloopError

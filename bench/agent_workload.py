@@ -11,22 +11,26 @@ continued turn by turn, varied question and output lengths), arriving staggered 
   takes up to `--batch-size` waiting requests, left-pads them and runs `generate()` to the longest
   output; TTFT is when the batch's first token is produced (generous: no HTTP, no streaming cost).
 Both sides run with the same torch thread count and malloc settings (engine/cpu_allocator.py).
-One stream: the first requests one at a time.
+One stream: the first requests one at a time. `--serve "LABEL=ARGS"` (repeatable) adds the engine's rows once
+more per extra `engine serve` configuration (e.g. `--serve "mixed=--mixed-chunk --chunked-prefill-size 128"`),
+measured in the same run so their ratios compare.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import shlex
 import sys
 import time
 from typing import Callable, Sequence
 
 import torch
 
+from kernelloop.profiler.workload import agent_workload
+
 from bench.http_load import EngineServer, PlannedRequest, RequestResult, send_all, send_one_by_one
 from bench.report import print_table, write_report
-from kernelloop.profiler.workload import agent_workload
 
 OUTPUT_LENGTHS = (8, 64)  # each request's output length is drawn from this range
 
@@ -98,6 +102,14 @@ def summarize(workload: str, system: str, seconds: float, results: list[RequestR
             "TTFT p99 ms": round(percentile(ttfts, 99), 1)}
 
 
+def parse_serve(text: str, parser: argparse.ArgumentParser) -> tuple[str, list[str]]:
+    """"LABEL=ARGS" -> (label, engine serve arguments)."""
+    label, sep, rest = text.partition("=")
+    if not sep or not label.strip():
+        parser.error(f"--serve wants LABEL=ARGS, not {text!r}")
+    return label.strip(), shlex.split(rest)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.agent_workload", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model name or directory (default: the embedded model)")
@@ -109,8 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--one-stream", type=int, default=4, help="requests sent one at a time for the one-stream rows")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, both sides")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--serve", action="append", default=[], metavar="LABEL=ARGS",
+                        help="also measure engine serve with these extra arguments (repeatable)")
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args(argv)
+    configs = [("", [])] + [parse_serve(text, parser) for text in args.serve]
     from transformers import LlamaForCausalLM
 
     from kernelloop.engine.cpu_allocator import keep_freed_memory
@@ -139,10 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"TTFT p99 {row['TTFT p99 ms']} ms", file=sys.stderr, flush=True)
 
     solo = requests[:args.one_stream]
-    with EngineServer(args.model, threads=args.threads) as base:
-        send_all(base, [PlannedRequest(0.0, r.prompt_ids[-8:], 4) for r in requests[:2]])  # warm-up; shares no prefix
-        add(summarize("one stream", "kernelloop engine serve (HTTP)", *send_one_by_one(base, solo)))
-        add(summarize("staggered", "kernelloop engine serve (HTTP)", *send_all(base, requests)))
+    for label, extra in configs:
+        system = "kernelloop engine serve (HTTP)" + (f" [{label}]" if label else "")
+        with EngineServer(args.model, threads=args.threads, extra=extra) as base:
+            send_all(base, [PlannedRequest(0.0, r.prompt_ids[-8:], 4) for r in requests[:2]])  # warm-up; no shared prefix
+            add(summarize("one stream", system, *send_one_by_one(base, solo)))
+            add(summarize("staggered", system, *send_all(base, requests)))
     run_transformers(hf, [PlannedRequest(0.0, r.prompt_ids[-8:], 4) for r in requests[:2]], args.batch_size, pad)  # warm-up
     start, results = time.perf_counter(), [run_transformers(hf, [PlannedRequest(0.0, r.prompt_ids, r.max_tokens)], 1, pad)[1][0]
                                           for r in solo]
@@ -150,14 +167,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     add(summarize("staggered", f"transformers, static batches of {args.batch_size}",
                   *run_transformers(hf, requests, args.batch_size, pad)))
 
-    one_ratio = rows[0]["output tokens/s"] / rows[2]["output tokens/s"]
-    stag_ratio = rows[1]["output tokens/s"] / rows[3]["output tokens/s"]
-    p99_ratio = rows[1]["TTFT p99 ms"] / rows[3]["TTFT p99 ms"]
+    hf_one, hf_stag = rows[-2], rows[-1]
+    one_ratio = rows[0]["output tokens/s"] / hf_one["output tokens/s"]
+    stag_ratio = rows[1]["output tokens/s"] / hf_stag["output tokens/s"]
+    p99_ratio = rows[1]["TTFT p99 ms"] / hf_stag["TTFT p99 ms"]
     verdicts = [
         f"one stream: engine / transformers = {one_ratio:.2f}x (target >= 1.0: {'met' if one_ratio >= 1.0 else 'NOT met'})",
         f"staggered: engine / transformers throughput = {stag_ratio:.2f}x (target >= 2.0: {'met' if stag_ratio >= 2.0 else 'NOT met'})",
         f"staggered: engine / transformers TTFT p99 = {p99_ratio:.2f}x (target < 1.0: {'met' if p99_ratio < 1.0 else 'NOT met'})",
     ]
+    for i, (label, extra) in enumerate(configs[1:], 1):
+        one, stag = rows[2 * i], rows[2 * i + 1]
+        verdicts.append(f"[{label}] (`engine serve {' '.join(extra)}`) / default: one stream "
+                        f"{one['output tokens/s'] / rows[0]['output tokens/s']:.2f}x, staggered "
+                        f"{stag['output tokens/s'] / rows[1]['output tokens/s']:.2f}x tokens/s, TTFT p50 "
+                        f"{stag['TTFT p50 ms'] / rows[1]['TTFT p50 ms']:.2f}x, p99 {stag['TTFT p99 ms'] / rows[1]['TTFT p99 ms']:.2f}x")
     print_table(rows)
     print("\n".join(verdicts))
     lengths = [len(r.prompt_ids) for r in requests]

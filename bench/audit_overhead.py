@@ -20,9 +20,10 @@ from contextlib import ExitStack
 from types import SimpleNamespace
 from typing import Sequence
 
+from kernelloop.kernels.stats import median_interval
+
 from bench.http_load import EngineServer, PlannedRequest, send_all
 from bench.report import print_table, write_report
-from kernelloop.kernels.stats import median_interval
 
 NAME = "audit-overhead"
 MICRO_CALLS = 20_000

@@ -1,7 +1,7 @@
 """Which rows `bench.baselines` measures, and in what order.
 
 Shapes: the op's test shapes with --quick or on CPU; on CUDA, its engine shapes evenly subsampled,
-except linear and extend_attention (issue #12), which are reported at Llama-3-8B's shapes: every
+except linear and extend_attention, which are reported at Llama-3-8B's shapes: every
 projection (fused qkv, o, fused gate_up, down, lm_head) at decode M = 1, 8, 32 and a 2048-token
 prefill; extend_attention with its heads on ragged batches of 4 requests, every prefill chunk
 (512, 2048, 8192 new tokens) with no prefix and with a 2048-token prefix per request.

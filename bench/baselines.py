@@ -33,17 +33,18 @@ from typing import Any, Sequence
 import torch
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton before any kernel module is imported)
-from bench.baseline_plan import gpu_order, groups, plan_rows  # noqa: F401  (gpu_order: bench.tune_gpu imports it here)
-from bench.counterparts import Counterpart, counterpart
-from bench.prefetch import InputPrefetcher, default_workers, to_device
-from bench.rehearse import step_device
-from bench.report import device_facts, print_table, write_report
 from kernelloop.kernels import OPS, get_op
 from kernelloop.kernels.compare import check_outputs
 from kernelloop.kernels.device import default_device, device_fingerprint, triton_interpreted
 from kernelloop.kernels.roofline import Rates, matmul_peak
 from kernelloop.kernels.spec import OpSpec, Shape, dtype_name, parse_dtype
 from kernelloop.kernels.timing import auto_reps, measure_copy_bandwidth, summarize, time_calls
+
+from bench.baseline_plan import gpu_order, groups, plan_rows  # noqa: F401  (gpu_order: bench.tune_gpu imports it here)
+from bench.counterparts import Counterpart, counterpart
+from bench.prefetch import InputPrefetcher, default_workers, to_device
+from bench.rehearse import step_device
+from bench.report import device_facts, print_table, write_report
 
 DEFAULT_MAX_SHAPES = 12  # evenly spaced over engine_shapes: every model, decode and prefill
 DEFAULT_TIME_BUDGET_S = 210.0  # rows left when it is spent are reported as skipped

@@ -1,4 +1,4 @@
-"""A burst over HTTP (issue #28), the rows `bench.engine_throughput` reports:
+"""A burst over HTTP, the rows `bench.engine_throughput` reports:
 
 - burst: N clients each send one greedy request at the same moment (prompts of 16-64 random tokens,
   `new` tokens each) to `engine serve`; against transformers' `generate()` on the same prompts as one

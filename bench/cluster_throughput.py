@@ -29,7 +29,7 @@ from kernelloop.sandbox.cluster.session import import_ray, keep_loopback
 from bench.report import print_table, write_report
 from bench.sandbox_throughput import candidate_stream
 
-TARGET_RATIO = 1.7      # 2 actors vs 1 on 2 idle cores (issue #25)
+TARGET_RATIO = 1.7      # 2 actors vs 1 on 2 idle cores
 TARGET_OVERHEAD = 0.10  # the cluster's own cost per candidate, as a share of a local check
 
 

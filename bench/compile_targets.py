@@ -30,14 +30,22 @@ from typing import Any, Iterable  # noqa: E402
 
 import torch  # noqa: E402
 
-from bench.report import print_table, write_report  # noqa: E402
 from kernelloop.kernels.errors import KernelloopError  # noqa: E402
 from kernelloop.kernels.models import MODELS  # noqa: E402
 from kernelloop.kernels.ops import OPS, get_op  # noqa: E402
 from kernelloop.kernels.registry.entry import sha256_text  # noqa: E402
 from kernelloop.kernels.registry.loader import load_forward  # noqa: E402
-from kernelloop.kernels.target_compile import (CompileResult, Launch, capture_launches, compile_launch, launch_key,  # noqa: E402
-                                    meta_inputs, parse_targets)
+from kernelloop.kernels.target_compile import (  # noqa: E402
+    CompileResult,
+    Launch,
+    capture_launches,
+    compile_launch,
+    launch_key,
+    meta_inputs,
+    parse_targets,
+)
+
+from bench.report import print_table, write_report  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TEMPLATE_MODEL = "llama-3-8b"

@@ -17,10 +17,11 @@ from typing import Sequence
 
 import torch
 
-from bench.report import print_table, write_report
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.gate_invariance import fillers, greedy
 from kernelloop.kernels.stats import median_interval
+
+from bench.report import print_table, write_report
 
 WORKLOADS = (("1 request", 1), ("16 concurrent", 16))
 

@@ -14,8 +14,9 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from kernelloop import kernels
 import torch
+
+from kernelloop import kernels
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.registry import Registry
 

@@ -26,12 +26,13 @@ from typing import Any, Mapping, Sequence
 import torch
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
-from bench.rehearse import TINY_LLAMA, step_device, synchronize
-from bench.report import print_table, write_report
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.sampling import SamplingParams
 from kernelloop.engine.scheduler import SchedulerConfig
 from kernelloop.kernels.timing import measure_copy_bandwidth
+
+from bench.rehearse import TINY_LLAMA, step_device, synchronize
+from bench.report import print_table, write_report
 
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
@@ -50,8 +51,8 @@ def write_model_dir(path: Path, config: dict) -> Path:
     """config.json plus a byte-level tokenizer; the weights come from EngineConfig(random_weights=True).
 
     Every byte of any text is a token of its own (ids 0-255; the rest of the vocabulary is filler), so
-    the profile's and the gate's prompts are distinct token sequences: with a word-level vocabulary of
-    made-up words every real prompt was unknown words, all token 0, and the prefix cache made them one."""
+    the profile's and the gate's prompts are distinct token sequences (a word-level vocabulary of made-up
+    words would make every real prompt unknown words, all token 0, and the prefix cache would merge them)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     (path / "config.json").write_text(json.dumps(config))

@@ -26,11 +26,12 @@ from typing import Sequence
 import torch
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
+from kernelloop.engine.engine import Engine, EngineConfig
+from kernelloop.engine.sampling import SamplingParams
+
 from bench import burst as bursts
 from bench.http_load import EngineServer, PlannedRequest, send_all
 from bench.report import print_table, write_report
-from kernelloop.engine.engine import Engine, EngineConfig
-from kernelloop.engine.sampling import SamplingParams
 
 TOPICS = ["the red fox", "a small boat", "the old tree", "my sister", "the blue car", "a tall tower", "the cat",
           "our garden", "the river", "a green bird", "the library", "the baker", "a snowy hill", "the moon",
@@ -119,10 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in (1, 16):
         batch = prompts[:n]
         row(f"{n} concurrent", "transformers generate, one by one",
-            *best_of(lambda: run_hf(hf, batch, args.max_tokens, False, pad)))
+            *best_of(lambda batch=batch: run_hf(hf, batch, args.max_tokens, False, pad)))
         if n > 1:
             row(f"{n} concurrent", "transformers generate, padded batch",
-                *best_of(lambda: run_hf(hf, batch, args.max_tokens, True, pad)))
+                *best_of(lambda batch=batch: run_hf(hf, batch, args.max_tokens, True, pad)))
 
     system = " ".join(["You are a careful assistant who answers questions about places, animals and people."] * 6)
     shared = [chat_prompt(engine, system, f"Tell me about {t}.") for t in TOPICS]

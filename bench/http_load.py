@@ -21,7 +21,6 @@ import sys
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
-
 from urllib.parse import urlsplit
 
 import httpx

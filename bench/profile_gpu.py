@@ -26,9 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
-from bench.engine_gpu import LLAMA3_8B
-from bench.rehearse import CHAT_TEMPLATE, TINY_LLAMA, step_device, write_chat_model_dir
-from bench.report import print_table, write_report
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.recorder import replay_timing
 from kernelloop.engine.scheduler import SchedulerConfig
@@ -36,6 +33,10 @@ from kernelloop.profiler.inprocess import profile_engine
 from kernelloop.profiler.ncu import availability as ncu_availability
 from kernelloop.profiler.ncu import ncu_metrics
 from kernelloop.profiler.workload import WorkloadRequest, agent_workload
+
+from bench.engine_gpu import LLAMA3_8B
+from bench.rehearse import CHAT_TEMPLATE, TINY_LLAMA, step_device, write_chat_model_dir
+from bench.report import print_table, write_report
 
 __all__ = ["CHAT_TEMPLATE", "main"]  # CHAT_TEMPLATE: re-exported for bench.tune_gpu (bench.rehearse owns it)
 STEP = "bench.profile_gpu"

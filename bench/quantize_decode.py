@@ -26,9 +26,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from bench.engine_gpu import engine_decode, write_model_dir
-from bench.rehearse import step_device
-from bench.report import DEFAULT_OUT_DIR, print_table, write_report
 from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.quantize.alternatives import plan_bytes_saved
 from kernelloop.agent.quantize.apply import Judged, scoped_entries
@@ -37,6 +34,10 @@ from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.ops import baseline_source
 from kernelloop.kernels.quant import scheme
 from kernelloop.kernels.registry import Registry
+
+from bench.engine_gpu import engine_decode, write_model_dir
+from bench.rehearse import step_device
+from bench.report import DEFAULT_OUT_DIR, print_table, write_report
 
 STEP = "bench.quantize_decode"
 SMOLLM2_135M = {  # SmolLM2-135M-Instruct's config (engine/model_source.py KNOWN_MODELS["smollm2"])

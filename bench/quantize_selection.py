@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.report import print_table, write_report
 from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.quantize.alternatives import alternatives, num_layers
 from kernelloop.agent.quantize.apply import CALIBRATION_SEED, HELD_OUT_SEED, workload_prompts
@@ -32,7 +31,9 @@ from kernelloop.agent.quantize.measure import Sensitivity, calibrate, quality, s
 from kernelloop.agent.quantize.selection import Selection, select
 from kernelloop.kernels.quant import scheme
 
-TARGET_RATIO = 3.0  # random-mean KL / KL-guided KL at equal bytes saved (issue #26)
+from bench.report import print_table, write_report
+
+TARGET_RATIO = 3.0  # random-mean KL / KL-guided KL at equal bytes saved
 KINDS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 

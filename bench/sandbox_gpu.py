@@ -36,11 +36,12 @@ from typing import Any, Callable
 import torch
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
-from bench.rehearse import step_device, synchronize
-from bench.report import print_table, write_report
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.timing import summarize, time_calls
 from kernelloop.sandbox import CheckOptions, Sandbox, Verdict, static_check
+
+from bench.rehearse import step_device, synchronize
+from bench.report import print_table, write_report
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 NO_REGISTRY = Path("/nonexistent-kernelloop-registry")  # the op's own kernel is every case's baseline
@@ -82,7 +83,7 @@ CASES = (
     # Sandbox v3's layers on the GPU's own paths: the canonical text under compiled Triton's rule, guard
     # zones and the whole storage behind a view on CUDA, the memory rlimit beside the CUDA driver. (Last:
     # a step cut by its timeout keeps the rows before them.)
-    # Races (#24): programs that read another program's output, float atomics; repeated beside a load.
+    # Races: programs that read another program's output, float atomics; repeated beside a load.
     Case("exploit: race, the last program finalizes", "rmsnorm",
          TESTS / "sandbox_candidates" / "r1_last_program_finalizes.py", True, "exploit"),
     # In float32: rounding to bfloat16 hides most orders of a float32 sum in the output's bits (a seed can

@@ -28,17 +28,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune
+from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
 from kernelloop.agent.proposers.search import SearchProposer
+from kernelloop.history import History
+from kernelloop.kernels.registry import Registry
+from kernelloop.sandbox import CheckOptions, Sandbox
+
 from bench.baselines import gpu_order
 from bench.engine_gpu import LLAMA3_8B
 from bench.rehearse import TINY_LLAMA, step_device, synchronize, write_chat_model_dir
 from bench.report import print_table, write_report
-from kernelloop.history import History
-from kernelloop.kernels.registry import Registry
-from kernelloop.sandbox import CheckOptions, Sandbox
 
 
 @dataclass(frozen=True)

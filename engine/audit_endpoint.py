@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 
 from kernelloop.engine.audit_queue import AuditQueue, asks_for_json
 from kernelloop.engine.engine import StepOutput

@@ -18,8 +18,8 @@ import torch
 
 from kernelloop.engine.batch import ForwardBatch
 from kernelloop.engine.config import ModelConfig, resolve_dtype
-from kernelloop.engine.cuda_graph import DecodeGraphs
 from kernelloop.engine.cpu_allocator import keep_freed_memory
+from kernelloop.engine.cuda_graph import DecodeGraphs
 from kernelloop.engine.detokenizer import IncrementalDetokenizer
 from kernelloop.engine.errors import EngineError
 from kernelloop.engine.memory import KVPool, RequestSlots, SlotAllocator, slots_for_budget
@@ -35,7 +35,6 @@ from kernelloop.engine.tokenizer import Tokenizer
 from kernelloop.engine.weights import init_random_weights, load_weights
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.registry import Registry
-
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from kernelloop.engine.engine import Engine, StepOutput
@@ -231,5 +231,5 @@ async def next_output(queue: asyncio.Queue) -> StepOutput:
 
 
 def _put_all(items: list[tuple[asyncio.Queue, StepOutput]]) -> None:
-    for queue, output in items:
-        queue.put_nowait(output)
+    for stream, output in items:
+        stream.put_nowait(output)

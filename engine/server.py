@@ -15,21 +15,33 @@ import logging
 from collections.abc import Sequence
 from typing import Any, AsyncIterator, Callable
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kernelloop.engine import audit_endpoint, gate_endpoint, reload_endpoint
+from kernelloop.engine.audit_queue import AuditQueue
 from kernelloop.engine.detokenizer import TokenBytes
 from kernelloop.engine.engine import InvalidRequest, StepOutput
 from kernelloop.engine.loop import EngineLoop, merge_outputs, next_output
 from kernelloop.engine.metrics import render_metrics
-from kernelloop.engine.openai_api import (APIError, Body, ChatReply, ChatRequest, CompletionReply, CompletionRequest, new_id,
-                               parse_body, parse_request, usage, validation_error)
-from kernelloop.engine import audit_endpoint, gate_endpoint, reload_endpoint
-from kernelloop.engine.audit_queue import AuditQueue
+from kernelloop.engine.openai_api import (
+    APIError,
+    Body,
+    ChatReply,
+    ChatRequest,
+    CompletionReply,
+    CompletionRequest,
+    new_id,
+    parse_body,
+    parse_request,
+    usage,
+    validation_error,
+)
 from kernelloop.engine.profiling import StepProfiler
 from kernelloop.engine.sampling import InvalidSamplingParams, SamplingParams
 

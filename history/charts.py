@@ -145,7 +145,7 @@ def served_over_time(events: Sequence[Mapping[str, Any]], accepted: Sequence[Map
     right = max(times) + span * 0.1
     fig = _figure(10)
     ax = fig.add_subplot()
-    for (op, device, dtype, bucket), steps in sorted(series.items()):
+    for (op, _device, dtype, bucket), steps in sorted(series.items()):
         xs, ys = [_when(t) for t, _, _ in steps], [v for _, v, _ in steps]
         ax.step(xs + [right], ys + ys[-1:], where="post", color=color[op], linewidth=2,
                 label=f"{op} {dtype} [{bucket}]: served")

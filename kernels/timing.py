@@ -19,7 +19,6 @@ from typing import Any, Callable, Literal, Union
 
 import torch
 
-
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # well above any current GPU's L2 (H100/H200: 50 MB)
 FLUSH_KINDS = ("write", "read")
 FlushL2 = Union[bool, Literal["write", "read"]]
@@ -154,6 +153,4 @@ def measure_copy_bandwidth(device: str | torch.device, nbytes: int | None = None
     src = torch.ones(nbytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     samples = time_calls(lambda: dst.copy_(src), dev, warmup=2, reps=10, flush_l2=False)
-    seconds = summarize(samples)["median"]
-    del src, dst
-    return 2 * nbytes / seconds
+    return 2 * nbytes / summarize(samples)["median"]

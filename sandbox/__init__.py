@@ -1,4 +1,4 @@
-"""The sandbox: judges one candidate kernel against one op spec (DESIGN.md, issue #10).
+"""The sandbox: judges one candidate kernel against one op spec (docs/ARCHITECTURE.md).
 
     from kernelloop.sandbox import CheckOptions, judge_files
     verdicts = judge_files("rmsnorm", [Path("cand.py")], CheckOptions(device="cpu"))

@@ -25,8 +25,8 @@ import torch
 
 from kernelloop.kernels.display import safe_text
 from kernelloop.sandbox import wire
-from kernelloop.sandbox.guards import memory_refused
 from kernelloop.sandbox.forkserver import ForkServer, start_fresh
+from kernelloop.sandbox.guards import memory_refused
 from kernelloop.sandbox.messages import Call, Done, Error, Facts, Go, Job, Record, Result, Stage, ToChild, parse
 
 LOG_TAIL_BYTES = 2000

@@ -166,7 +166,7 @@ class CompileCheck:
         if errors:
             v.fail("compile-target", errors[0])
             return
-        for where, group in groups:
+        for where, _ in groups:
             if where.endswith("(launched)"):
                 described = idents.get(where.replace("(launched)", "(described)"), set())
                 made = idents.get(where, set())

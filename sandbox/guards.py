@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernelloop.kernels.candidate.guarded_builtins import VIOLATIONS, violation as _violation
+from kernelloop.kernels.candidate.guarded_builtins import VIOLATIONS  # noqa: F401  (VIOLATIONS: the worker reads guards.VIOLATIONS)
+from kernelloop.kernels.candidate.guarded_builtins import violation as _violation
 
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
             "LD_LIBRARY_PATH", "CUDA_HOME", "TRITON_PTXAS_PATH")

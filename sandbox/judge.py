@@ -15,11 +15,11 @@ import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
 from kernelloop.kernels.candidate.runtime_purity import IMPURE
-from kernelloop.sandbox.aliasing import overlap
 from kernelloop.kernels.compare import Comparison, check_outputs
-from kernelloop.kernels.spec import OpSpec
 from kernelloop.kernels.roofline import Rates
+from kernelloop.kernels.spec import OpSpec
 from kernelloop.kernels.stats import median_interval
+from kernelloop.sandbox.aliasing import overlap
 from kernelloop.sandbox.verdict import Check, Verdict
 
 

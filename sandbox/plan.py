@@ -19,8 +19,16 @@ from typing import Any
 import torch
 
 from kernelloop.kernels.errors import UnknownDtypeError
-from kernelloop.kernels.spec import (CUDA_ENGINE_SHAPES, TOKEN_BUCKETS, Cost, OpSpec, Shape, dtype_name, parse_dtype,
-                                     pick_shapes)
+from kernelloop.kernels.spec import (
+    CUDA_ENGINE_SHAPES,
+    TOKEN_BUCKETS,
+    Cost,
+    OpSpec,
+    Shape,
+    dtype_name,
+    parse_dtype,
+    pick_shapes,
+)
 from kernelloop.sandbox.messages import Plan, Timing, Trial
 from kernelloop.sandbox.options import CheckOptions
 

@@ -29,15 +29,18 @@ from typing import Any
 
 import torch
 
+from kernelloop.kernels.candidate.canonical import canonical_problem
+from kernelloop.kernels.candidate.runtime_purity import IMPURE
+from kernelloop.kernels.candidate.source_text import read_source
+from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.compare import Comparison
 from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.errors import KernelloopError
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.spec import OpSpec
-from kernelloop.sandbox import batch_invariance
+from kernelloop.sandbox import batch_invariance, wire
 from kernelloop.sandbox import judge as judging
-from kernelloop.sandbox import wire
 from kernelloop.sandbox.ab_timing import ABTiming
 from kernelloop.sandbox.budget import Budget, timeout_s
 from kernelloop.sandbox.children import Child, MemoryExceeded, Refused
@@ -49,10 +52,6 @@ from kernelloop.sandbox.messages import Job, Load, Plan, Record
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
 from kernelloop.sandbox.program_order import race_orders, uses_atomics
-from kernelloop.kernels.candidate.source_text import read_source
-from kernelloop.kernels.candidate.static_check import static_check
-from kernelloop.kernels.candidate.canonical import canonical_problem
-from kernelloop.kernels.candidate.runtime_purity import IMPURE
 from kernelloop.sandbox.verdict import Verdict
 
 

@@ -33,9 +33,9 @@ from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork
 from kernelloop.kernels.spec import parse_dtype
 from kernelloop.kernels.timing import l2_flusher
 from kernelloop.sandbox import capture, guards, trace, wire
-from kernelloop.sandbox.messages import Done, Error, Facts, Job, Load, Ready, Record, Result, Staged, conform, parse
 from kernelloop.sandbox.compile_child import serve_compiles
 from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts
+from kernelloop.sandbox.messages import Done, Error, Facts, Job, Load, Ready, Record, Result, Staged, conform, parse
 from kernelloop.sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
 
 
@@ -252,7 +252,7 @@ def serve_replays(chan: wire.Channel, job: Job) -> None:
                 if timer is None:
                     outputs, elapsed = replay.run(record, inputs, order), None
                 else:
-                    outputs, elapsed = timer.time(lambda: replay.run(record, inputs, order))
+                    outputs, elapsed = timer.time(lambda: replay.run(record, inputs, order))  # noqa: B023
                 replay.check_guards()  # outside the timed region: stores past an allocation (no address checks on CUDA)
                 done = Done(type="done", elapsed_s=elapsed, error=None, outputs=len(outputs), violations=[])
             except BaseException as exc:  # noqa: BLE001 (a kernel that raises is the candidate's failure)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune
+from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
 from kernelloop.agent.proposers.base import Proposal
 from kernelloop.agent.proposers.llm import LLMProposer
 from kernelloop.history import History
@@ -199,8 +199,8 @@ def _run_until(folder: Path, model_dir: Path, done: callable, timeout_s: float =
 
 
 def test_a_hard_kill_resumes_without_duplicates(tmp_path: Path, model_dir: Path) -> None:
-    """Killed while profiling, mid-check, right after the commit and during the gate (issue #14: a kill
-    there recorded the reload three times and the gate twice): one record per event, one result."""
+    """Killed while profiling, mid-check, right after the commit and during the gate, then resumed: one
+    record per event (no reload or gate recorded twice), one result."""
     db = tmp_path / "history.db"
     events = "SELECT count(*) FROM registry_events WHERE kind = '{}'"
     kills = [_run_until(tmp_path, model_dir, lambda: _count(db, "SELECT count(*) FROM agent_runs") >= 1),
@@ -247,6 +247,7 @@ def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
     import httpx
 
     from kernelloop.engine.engine import Engine, EngineConfig
+
     from tests.serving import serve
 
     engine = Engine(EngineConfig(model=str(model_dir), kernels="registry", registry=str(tmp_path / "reg")))

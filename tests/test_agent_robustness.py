@@ -1,4 +1,4 @@
-"""A candidate that breaks a check never stops the agent (issue class 8, the agent side).
+"""A candidate that breaks a check never stops the agent (the agent side).
 
 Whatever a candidate's text makes the judge raise (a parse that recurses too deep or runs out of
 memory, text that does not encode) becomes a recorded verdict: `agent check` prints it and exits 0,
@@ -188,8 +188,8 @@ def test_tune_records_a_verdict_for_each_odd_candidate_and_resumes_past_a_kill(t
 
 
 def test_a_run_killed_before_its_first_checkpoint_restarts_as_itself(tmp_path: Path) -> None:
-    """A kill between the run's record and the graph's first checkpoint left two runs on resume (the old
-    one failed with 'no checkpoint to resume', a new one started): CI caught it as a flaky kill test."""
+    """A kill between the run's record and the graph's first checkpoint resumes that run: one run, not a
+    failed one ('no checkpoint to resume') and a new one."""
     with History(tmp_path / "history.db") as history:
         run_id = history.start_run("tune", "rmsnorm")  # what the killed process had written
         ctx = _context(tmp_path, history)

@@ -16,6 +16,7 @@ from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry
 from kernelloop.kernels.registry.entry import Provenance
+
 from tests.serving import serve
 
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"

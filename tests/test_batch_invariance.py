@@ -3,7 +3,7 @@
 
 The planted faults are rmsnorms correct at every shape of the battery whose reduction order depends on
 how many rows they get (a chunked sum and a division): past 8 rows, and only for 17-32 rows (one M
-bucket, which the probe's former fixed sizes 3, 16, 33 skipped). Only the probe sees them; its batch
+bucket, which fixed batch sizes such as 3, 16, 33 skip). Only the probe sees them; its batch
 sizes and the probe row's place are drawn from the judge's secret seed. The control is the
 one-program-per-row rmsnorm every other sandbox test accepts.
 """
@@ -139,7 +139,7 @@ def _module(path: Path, source: str):  # noqa: ANN202
 def test_a_kernel_variant_only_between_17_and_32_rows_is_caught_at_every_seed(tmp_path: Path) -> None:
     spec = get_op("rmsnorm")
     module = _module(tmp_path / "one_bucket_rmsnorm.py", ONE_BUCKET)
-    old_sizes = ((3, 1), (16, 15), (33, 17))  # the probe's former fixed batches miss it
+    old_sizes = ((3, 1), (16, 15), (33, 17))  # fixed batches that miss it
     assert probe(spec, module.forward, "cpu", 5, batches=old_sizes).invariant is True
     for seed in (1, 2, 3, 4, 5):
         found = probe(spec, module.forward, "cpu", seed)
@@ -319,9 +319,9 @@ def test_tune_batch_invariant_lets_only_proved_invariant_winners_through() -> No
 def test_the_proposers_aim_for_batch_invariance_when_asked() -> None:
     import dataclasses
 
+    from kernelloop.agent.proposers.base import TuneContext
     from kernelloop.agent.proposers.prompts import BATCH_INVARIANT_RULE, task_prompt
     from kernelloop.agent.proposers.search import SearchProposer, config_of, parse_header
-    from kernelloop.agent.proposers.base import TuneContext
 
     ctx = TuneContext(op="rmsnorm", dtype="float32", device="cuda", shapes=tuple(get_op("rmsnorm").test_shapes[2:4]),
                       best_source=None, baseline_source="", roofline={}, failures=())

@@ -160,7 +160,7 @@ def test_seeded_scalars_vary_with_the_seed():
     assert positions.max() == rope.DEFAULT_MAX_POS - 1 and (positions == 0).any() and positions.unique().numel() < 9
 
 
-# --- Planted wrong kernels that pass the old default inputs and only the new battery catches ---------
+# --- Planted wrong kernels that pass the plain test shapes and only the battery's variants catch ------
 
 
 @triton.jit
@@ -224,10 +224,10 @@ WRONG = {
 def test_wrong_kernel_passes_the_old_inputs_and_fails_the_new_battery(label):
     name, impl, catcher = WRONG[label]
     spec, dtype = OPS[name], torch.float32  # the tightest tolerance: passing it is passing
-    old = [Case(dict(s)) for s in spec.test_shapes + spec.held_back]  # the battery before variants
+    old = [Case(dict(s)) for s in spec.test_shapes + spec.held_back]  # the plain shapes, no variants
     for c in old:
         r = check_impl(spec, impl, c.shape, dtype, 0, variant=c.variant)
-        assert r.ok, f"{label} should pass the old default inputs: {r}"
+        assert r.ok, f"{label} should pass the plain test shapes: {r}"
     battery = spec.battery("cpu")
     new = [c for c in battery if c not in old and (c.shape == spec.many_rows if catcher == "many_rows"
                                                    else c.variant == catcher)]

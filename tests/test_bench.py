@@ -14,10 +14,11 @@ import torch
 
 from kernelloop import kernels
 from kernelloop.kernels import OPS
-from bench.baselines import DEFAULT_MAX_SHAPES
 from kernelloop.kernels.spec import pick_shapes
-from bench.report import print_table, write_report
 from kernelloop.kernels.timing import measure_copy_bandwidth, summarize, time_calls
+
+from bench.baselines import DEFAULT_MAX_SHAPES
+from bench.report import print_table, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,8 +136,9 @@ def test_cuda_timing_rmsnorm_and_copy_bandwidth():
 
 
 def test_bench_one_reports_broken_kernels_instead_of_raising():
-    from bench.baselines import CPU_POLICY, bench_one
     from kernelloop.kernels.roofline import Rates
+
+    from bench.baselines import CPU_POLICY, bench_one
 
     spec = kernels.get_op("rmsnorm")
     shape = spec.test_shapes[0]
@@ -160,8 +162,9 @@ def test_bench_one_reports_broken_kernels_instead_of_raising():
 
 
 def test_bench_one_times_linear_against_f_linear_and_the_flop_roofline():
-    from bench.baselines import CPU_POLICY, bench_one
     from kernelloop.kernels.roofline import Rates
+
+    from bench.baselines import CPU_POLICY, bench_one
 
     spec = kernels.get_op("linear")
     shape = {"tokens": 17, "n": 48, "k": 160}
@@ -192,8 +195,9 @@ def test_the_gpu_benches_shapes_only_model_tells_prompts_apart(tmp_path):
     would then serve as one prompt), and a random-weight engine runs on it."""
     from kernelloop.agent.gate import prompt_ids
     from kernelloop.agent.loop.state import GATE_PROMPTS
-    from bench.engine_gpu import LLAMA3_8B, write_model_dir
     from kernelloop.engine.engine import Engine, EngineConfig
+
+    from bench.engine_gpu import LLAMA3_8B, write_model_dir
 
     tiny = {**LLAMA3_8B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,

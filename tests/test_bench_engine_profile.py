@@ -12,11 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench.engine_gpu as engine_gpu
-import bench.profile_gpu as profile_gpu
 import kernelloop.profiler.ncu as ncu
-from bench.report import format_value
-from bench.rehearse import CHAT_TEMPLATE, TINY_LLAMA, write_chat_model_dir
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.recorder import Recorder, interpolate, replay_op_seconds
 from kernelloop.engine.scheduler import SchedulerConfig
@@ -26,6 +22,11 @@ from kernelloop.kernels.quant import SCHEME_OF_OP
 from kernelloop.kernels.roofline import Rates
 from kernelloop.profiler.analysis import profile_rows
 from kernelloop.profiler.inprocess import profile_engine
+
+import bench.engine_gpu as engine_gpu
+import bench.profile_gpu as profile_gpu
+from bench.rehearse import CHAT_TEMPLATE, TINY_LLAMA, write_chat_model_dir
+from bench.report import format_value
 
 # ---- decode bound -------------------------------------------------------------------------------
 

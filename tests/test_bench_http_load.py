@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kernelloop.engine.engine import Engine, EngineConfig
+
 from bench.agent_workload import OUTPUT_LENGTHS, build_workload, percentile, summarize
 from bench.http_load import SERVED_NAME, PlannedRequest, RequestResult, send_all, send_one_by_one
-from kernelloop.engine.engine import Engine, EngineConfig
 from tests.serving import serve
 
 

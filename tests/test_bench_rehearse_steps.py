@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernelloop.kernels import OPS, timing
+from kernelloop.sandbox import CheckOptions, Verdict
+
 import bench.sandbox_gpu as sandbox_gpu
 import bench.tune_gpu as tune_gpu
 from bench.baseline_plan import FIRST_OPS, groups, is_decode, plan_rows
 from bench.baselines import DEFAULT_MAX_SHAPES, DEFAULT_TIME_BUDGET_S, gpu_order, parse_args
-from kernelloop.kernels import OPS, timing
-from kernelloop.sandbox import CheckOptions, Verdict
 
 
 def verdict(**fields) -> Verdict:

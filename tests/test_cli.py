@@ -27,7 +27,7 @@ def test_ops_json_lists_the_ten_ops_with_signatures_and_dtypes(capsys):
     code, out, _ = run(capsys, "ops", "--json")
     assert code == 0
     ops = {o["name"]: o for o in json.loads(out)["ops"]}
-    assert set(ops) == set(OPS) and len(ops) == 10  # seven, and linear's three quantized weights (issue #26)
+    assert set(ops) == set(OPS) and len(ops) == 10  # seven, and linear's three quantized weights
     assert ops["linear_int4"]["args"] == ["x", "qweight", "scales", "bias"]
     assert ops["rope"]["signature"] == "rope(q, k, positions, cos_sin_cache) -> (q_out, k_out)"
     assert ops["decode_attention"]["args"] == ["q", "k_buffer", "v_buffer", "kv_indptr", "kv_indices", "sm_scale"]
@@ -124,8 +124,8 @@ def test_installed_console_script(tmp_path):
 
 @pytest.mark.parametrize("op", list(OPS))
 def test_ops_template_is_a_legal_candidate(capsys, op):
-    """Issue #14: a copy of a baseline module was refused (`import of 'kernels.models'`); --template
-    prints a self-contained starting point."""
+    """--template prints a self-contained starting point the static check accepts (a copy of a baseline
+    module is not one: it imports the library)."""
     from kernelloop.kernels.candidate.static_check import static_check
 
     code, out, _ = run(capsys, "ops", "--template", op)

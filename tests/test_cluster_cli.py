@@ -1,4 +1,4 @@
-"""--cluster in the commands that judge (issue #25): `agent check`, `agent tune`, `agent verify`, the tune
+"""--cluster in the commands that judge: `agent check`, `agent tune`, `agent verify`, the tune
 loop's fan-out (a round's candidates judged at once, recorded by the head as they arrive, a head killed
 mid-round resumed without a lost or duplicated verdict), judged_by in the history and the report, and
 the daemon's per-actor gauges.
@@ -303,6 +303,7 @@ def test_check_on_the_cluster_gives_the_local_verdicts(tmp_path: Path, cluster: 
 def _tune_child(folder: Path, model: str, cluster: str) -> None:
     """A tune run judged on the cluster, with the three fixed files (tests/tune_child.py)."""
     from kernelloop.sandbox.cluster import JudgePool
+
     from tests.tune_child import main
 
     main(folder, model, pool=JudgePool(cluster, device="cpu", workers=2))

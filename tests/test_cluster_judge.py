@@ -1,4 +1,4 @@
-"""The judge as Ray actors (sandbox/cluster, issue #25), on loopback clusters the tests start.
+"""The judge as Ray actors (sandbox/cluster), on loopback clusters the tests start.
 
 - CheckOptions / Verdict JSON round trips; an unreachable address is one line, quickly.
 - 6 rmsnorm candidates (correct, wrong, mutating, raising, static-refused, slow) through 2 actors get
@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 from kernelloop.sandbox.cluster import ClusterJob, ClusterUnavailable  # noqa: E402
 from kernelloop.sandbox.options import CheckOptions  # noqa: E402
 from kernelloop.sandbox.verdict import Check, Verdict  # noqa: E402
+
 from tests.cluster_util import one_node, two_nodes  # noqa: E402
 from tests.test_sandbox_faults import alive, descendants  # noqa: E402
 
@@ -165,6 +166,7 @@ class TestOneNode:
         from kernelloop.kernels.ops import get_op
         from kernelloop.kernels.registry import Registry
         from kernelloop.sandbox.ab_timing import planned_timing
+
         from tests.test_registry import add
 
         reg = Registry(tmp_path / "registry")
@@ -207,6 +209,7 @@ class TestOneNode:
 @pytest.mark.slow
 def test_two_node_processes(tmp_path: Path) -> None:
     from kernelloop.sandbox.cluster import JudgePool
+
     from tests.ray_loopback import keep_loopback
 
     if ray.is_initialized():

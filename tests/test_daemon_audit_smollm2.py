@@ -18,6 +18,7 @@ import pytest
 from kernelloop.engine.errors import ModelLoadError
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry
+
 from tests.test_audit_rollback import BROKEN, CLEAN, commit
 
 WINDOW = 6

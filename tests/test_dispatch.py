@@ -9,9 +9,8 @@ import torch
 
 from kernelloop.kernels import OPS, get_op
 from kernelloop.kernels.dispatch import Dispatcher
-from kernelloop.kernels.registry import ANY_BUCKET
-
 from kernelloop.kernels.errors import RegistryError
+from kernelloop.kernels.registry import ANY_BUCKET
 
 from tests.registry_support import commit_by_hand
 from tests.test_registry import RMSNORM_SOURCE, add
@@ -163,7 +162,7 @@ def test_unknown_mode_is_refused(registry):
 
 
 def test_a_demotion_is_listed_until_the_next_reload(registry):
-    # Issue #15: a kernel that raised was demoted with only a log line to say so.
+    # A kernel that raised and was demoted is listed (not only logged) until the next reload.
     entry = add(registry, RAISING_SOURCE)
     kd = Dispatcher("registry", registry=registry)
     kd.rmsnorm(*inputs())
@@ -176,7 +175,7 @@ def test_a_demotion_is_listed_until_the_next_reload(registry):
 
 
 def test_out_of_memory_is_not_the_kernels_fault(registry):
-    # A transient out-of-memory used to demote a registry kernel for good.
+    # Out of memory is transient, not the kernel's fault: it propagates and demotes nothing.
     add(registry, "import torch\n\ndef forward(x, weight, eps):\n    raise torch.OutOfMemoryError('CUDA out of memory')\n")
     kd = Dispatcher("registry", registry=registry)
     with pytest.raises(torch.OutOfMemoryError):

@@ -1,4 +1,4 @@
-"""Control characters a candidate controls never reach a display raw (issue class 7, the display half).
+"""Control characters a candidate controls never reach a display raw (the display half).
 
 A kernel's error message and output can carry terminal escape sequences (CSI, OSC 8 links, C1
 controls), carriage returns and backspaces that overwrite a line, and bidi overrides that reorder

@@ -65,6 +65,7 @@ def test_results_posted_back_show_in_the_metrics_lines() -> None:
 
 def test_the_server_samples_finished_requests_streamed_or_not(embedded_model_dir) -> None:
     from kernelloop.engine.engine import Engine, EngineConfig
+
     from tests.serving import serve
 
     engine = Engine(EngineConfig(model=str(embedded_model_dir)))
@@ -95,6 +96,7 @@ def test_bad_audit_and_fallback_flags_are_one_line_and_exit_2(argv, needle, caps
 def test_the_dispatcher_knows_the_commit_it_serves_and_falls_back_to_the_reference(registry) -> None:
     from kernelloop.kernels.dispatch import Dispatcher
     from kernelloop.kernels.ops import OPS
+
     from tests.test_audit_rollback import CLEAN, commit
 
     first = commit(registry, CLEAN, 1.1)

@@ -1,4 +1,4 @@
-"""Serving a burst (issue #28): the admission window puts a burst spread over a few milliseconds into one
+"""Serving a burst: the admission window puts a burst spread over a few milliseconds into one
 prefill, and mixed steps (a prefill chunk in the same forward as the running decodes) give the same greedy
 tokens as separate prefill and decode steps, a long prompt chunked while others decode included."""
 

@@ -24,7 +24,7 @@ def test_generate_prints_the_completion(capsys, checkpoint):
     (["generate", "hi", "--model", "/nonexistent/model"], "is not a model directory"),
     (["generate", "hi", "--registry", "/tmp/x"], "--registry is only used with --kernels registry"),
     (["generate", "hi", "--model", "MODEL", "--dtype", "float16", "--device", "cpu", "--max-tokens", "0"], "max_tokens"),
-    # issue #14: these were tracebacks
+    # one line each, no traceback
     (["serve", "--model", "MODEL", "--device", "cuda"], "--device cuda: no CUDA device is visible here"),
     (["serve", "--model", "MODEL", "--device", "tpu"], "unknown device 'tpu'"),
     (["generate", "hi", "--model", "MODEL", "--device", "cuda"], "use --device cpu"),

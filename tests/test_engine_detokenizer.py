@@ -132,7 +132,7 @@ def test_stop_spanning_tokens_is_cut_exactly(byte_bpe):
     assert not any(stop in byte_bpe.decode([i]) for i in ids)  # it spans several tokens
     d = IncrementalDetokenizer(byte_bpe.decode, [stop])
     out = []
-    for n, i in enumerate(ids):
+    for n, i in enumerate(ids):  # noqa: B007  (n: where it stopped, read below)
         out.append(d.push(i))
         if d.stopped:
             break

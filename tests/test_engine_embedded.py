@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 import kernelloop.engine.embedded as embedded
-from kernelloop.engine.errors import ModelLoadError
 from kernelloop.engine.embedded import MARKER, RECIPE_VERSION, ensure_embedded_model, render_document, verify
 from kernelloop.engine.embedded.corpus import ANIMALS, CAPITALS, OPPOSITES, THINGS, Document, generate_corpus
 from kernelloop.engine.embedded.model import ModelConfig, forward
+from kernelloop.engine.errors import ModelLoadError
 from kernelloop.engine.tokenizer import Tokenizer, TokenizerError
 
 transformers = pytest.importorskip("transformers")

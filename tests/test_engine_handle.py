@@ -1,6 +1,6 @@
-"""Issue #15: the tune loop reaches the engine through one handle (agent/engine_handle.py), in-process
+"""The tune loop reaches the engine through one handle (agent/engine_handle.py), in-process
 (`LocalEngine`) or over HTTP (`RemoteEngine`), and both measure the gate the same way: the same code
-(engine/gate_measure.py) and float64 log-probabilities (the remote path used to send float32)."""
+(engine/gate_measure.py) and float64 log-probabilities on both paths."""
 
 from __future__ import annotations
 
@@ -37,13 +37,14 @@ def test_the_wire_carries_float64_log_probabilities_bit_for_bit() -> None:
     got = decode_measurement(to_wire(sent))
     assert got.greedy == sent.greedy and got.tokens_per_second == 12.5
     assert all(g.dtype == torch.float64 and torch.equal(g, r) for g, r in zip(got.logprobs, rows))
-    old = {**to_wire(sent), "dtype": "float32"}  # an engine from before the fix: refused, not misread
+    old = {**to_wire(sent), "dtype": "float32"}  # an engine that sends float32: refused, not misread
     with pytest.raises(KernelloopError, match="float32 log-probabilities"):
         decode_measurement(old)
 
 
 def test_local_and_remote_handles_give_the_same_measurement(tmp_path: Path, model_dir: Path) -> None:
     from kernelloop.engine.engine import Engine, EngineConfig
+
     from tests.serving import serve
 
     config = dict(model=str(model_dir), kernels="registry", registry=str(tmp_path / "reg"))

@@ -1,4 +1,4 @@
-"""Faults and bad input against a real server (issue #14): every error is an OpenAI error object with
+"""Faults and bad input against a real server: every error is an OpenAI error object with
 the right status, a big prompt does not stall the server, bodies are capped, and a non-streamed
 request whose client goes away is aborted."""
 
@@ -251,7 +251,8 @@ def test_a_non_streamed_request_is_aborted_when_its_client_disconnects(server):
 
 
 def test_the_tokenizer_encodes_the_same_without_the_gil():
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

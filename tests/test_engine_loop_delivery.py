@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine import loop as loop_module
+from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.loop import EngineLoop
 from kernelloop.engine.sampling import SamplingParams
 

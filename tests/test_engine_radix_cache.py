@@ -273,7 +273,7 @@ def test_randomized_against_brute_force():
     def private_slots() -> set[int]:
         return {s for _, m, full in running for s in full[len(m):].tolist()}
 
-    for step in range(3000):
+    for _ in range(3000):
         op = rng.random()
         if op < 0.40 and len(running) < 8:  # admit a request: match, lock, allocate the rest
             base = rng.choice(corpus)
@@ -331,7 +331,7 @@ def test_randomized_against_brute_force():
                 n = n.parent
         for node in walk(cache)[1:]:
             assert node.lock_ref == refs.get(id(node), 0)
-    for seq, m, full in running:
+    for _seq, m, full in running:
         pool.release(full[len(m):])
         cache.unlock(m.node)
     cache.evict(10**9)

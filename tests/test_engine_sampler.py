@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kernelloop.engine.sampler import Sampler, SampleOutput, TokenLogprobs, make_generator
+from kernelloop.engine.sampler import SampleOutput, Sampler, TokenLogprobs, make_generator
 from kernelloop.engine.sampling import InvalidSamplingParams, SamplingParams
 
 V = 50

@@ -1,4 +1,4 @@
-"""A fleet of engines (issue #25): `--engine` repeated tunes several serving engines as one.
+"""A fleet of engines: `--engine` repeated tunes several serving engines as one.
 
 profiler/merge.py folds the engines' profiles into one weighted by served tokens; agent/fleet.py
 `FleetEngine` profiles every engine, reloads every engine, and measures the gate on the first.
@@ -199,6 +199,7 @@ def test_an_audit_rollback_reloads_what_the_daemon_gives_it(tmp_path: Path) -> N
 
     from kernelloop.agent.auditor import Auditor
     from kernelloop.history import History
+
     from tests.test_registry import add
 
     reloaded: list[str] = []

@@ -9,7 +9,6 @@ the gate prompts alone are prefilled in at most 9 rows and decoded in 1, so only
 
 from __future__ import annotations
 
-
 import pytest
 
 from kernelloop.agent.gate import judge, summary

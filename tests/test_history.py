@@ -17,7 +17,6 @@ import sqlite_utils
 from kernelloop.history import SCHEMA_VERSION, History, HistoryError, default_history_path
 from kernelloop.history.schema import MIGRATIONS
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

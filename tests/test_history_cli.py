@@ -10,10 +10,10 @@ import sys
 import pytest
 import sqlite_utils
 
+from kernelloop.agent.commands import history as history_cmd
 from kernelloop.history import SCHEMA_VERSION, History, HistoryError
 from kernelloop.history.schema import MIGRATIONS
 
-from kernelloop.agent.commands import history as history_cmd
 from tests.test_history import hist, verdict  # noqa: F401  (hist: a fixture)
 
 
@@ -95,7 +95,7 @@ def test_an_answer_that_never_reached_the_sandbox_is_not_called_wrong(row, word)
     assert outcome(row) == word
 
 
-# -- issue #14: labels, verdict times, searchable failure codes ----------------------------------
+# -- labels, verdict times, searchable failure codes -------------------------------------------------
 
 
 def test_migrates_a_v2_database_adding_labels_and_keeping_rows(tmp_path):
@@ -137,7 +137,7 @@ def test_cli_history_shows_the_label_and_the_verdict_time(capsys, tmp_path, monk
     assert "10:07:30" in judged and "wrong" in judged and "10:00:00" in pending and "pending" in pending
 
 
-def test_search_matches_failure_codes_labels_and_outcome_words(hist):
+def test_search_matches_failure_codes_labels_and_outcome_words(hist):  # noqa: F811
     def ids(text: str, **kw) -> list[int]:
         return [r["candidate_id"] for r in hist.attempts(search=text, **kw)]
 

@@ -21,8 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelloop.kernels import OPS
-from kernelloop.kernels import interpreter_autotune
+from kernelloop.kernels import OPS, interpreter_autotune
 from kernelloop.kernels.compare import check_impl
 from kernelloop.kernels.device import triton_interpreted
 

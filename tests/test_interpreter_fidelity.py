@@ -142,7 +142,7 @@ def test_libdevice_matches_torch(fn, dtype):
 
 def test_libdevice_raw_interpreter_fails(raw):
     for fn in ("rsqrt", "exp", "tanh"):
-        assert _fails(lambda: _libdevice_ok(fn, torch.float32)), fn
+        assert _fails(lambda: _libdevice_ok(fn, torch.float32)), fn  # noqa: B023
 
 
 def test_unsupported_libdevice_names_the_symbol():
@@ -289,8 +289,9 @@ def test_fp32_dot_under_ieee_is_fp32():
 
 
 def test_tf32_rounding_keeps_inf_and_nan():
-    from kernelloop.kernels.interpreter_fidelity import _f32_to_tf32
     import numpy as np
+
+    from kernelloop.kernels.interpreter_fidelity import _f32_to_tf32
 
     x = np.array([np.inf, -np.inf, np.nan, np.finfo(np.float32).max, 1.0 + 2 ** -11, 1.0 + 2 ** -12], dtype=np.float32)
     y = _f32_to_tf32(x)

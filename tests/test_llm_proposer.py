@@ -13,9 +13,10 @@ import pytest
 from kernelloop.agent.proposers.base import Proposal, TuneContext
 from kernelloop.agent.proposers.llm import LLMProposer, extract_code, feedback_text
 from kernelloop.agent.proposers.prompts import task_prompt
-from kernelloop.kernels.ops import OPS, baseline_source, get_op
 from kernelloop.kernels.candidate.static_check import ALLOWED_IMPORTS, static_check
+from kernelloop.kernels.ops import OPS, baseline_source, get_op
 from kernelloop.sandbox.verdict import FAILURES
+
 from tests.fake_openai import FakeOpenAI
 
 CODE1 = '''import torch

@@ -1,7 +1,7 @@
 """A step whose writes langgraph saved before a kill, but whose checkpoint it did not: `get_state().next`
 leaves that step out while `tasks` still holds it, and invoking resumes past it with its saved writes.
-agent/loop/graph.py run_tune resumes on `next or tasks` because of this (CI's hard-kill test once found a
-run killed in that window marked failed and replaced by a second run)."""
+agent/loop/graph.py run_tune resumes on `next or tasks` because of this (on `next` alone, a run killed in
+that window would be marked failed and replaced by a second run)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The memory limit is enforced where the allocation happens, and a verdict's class does not depend on
-the machine's speed (issue class 10).
+the machine's speed.
 
 A sandboxed process gets hard RLIMIT_DATA (private writable memory) and, on CPU, RLIMIT_AS limits at
 what it holds plus its allowance (sandbox/guards.py `limit_memory`): an allocation past them fails at

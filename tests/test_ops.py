@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
-from bench.baseline_plan import gpu_order
 from kernelloop.kernels import OPS
 from kernelloop.kernels.compare import check_impl
 from kernelloop.kernels.spec import TOKEN_BUCKETS, Cost, OpSpec, pick_shapes, size_bucket, size_class
+
+from bench.baseline_plan import gpu_order
 
 CASES = [
     pytest.param(spec, shape, dtype, id=f"{name}-{'x'.join(map(str, shape.values()))}-{str(dtype)[6:]}")
@@ -76,7 +77,7 @@ def test_inputs_are_seeded_and_realistic(spec):
     assert tensors
     # Tables such as rope's cos/sin cache are fixed; the data must change with the seed.
     assert any(not torch.equal(x, z) for x, _, z in tensors), "another seed must give other inputs"
-    for x, y, z in tensors:
+    for x, y, _ in tensors:
         assert torch.equal(x, y), "same seed must give the same inputs"
         assert torch.isfinite(x.float()).all()  # (float8 has no isfinite of its own)
         # scale-free (linear's weights are drawn at std 1/sqrt(K), as Hugging Face initialises them)

@@ -13,8 +13,15 @@ import pytest
 
 from kernelloop.history import History
 from kernelloop.kernels import profile_contract
-from kernelloop.kernels.profile_contract import (PROFILE_COLUMNS, PROFILE_JSON_ONLY, PROFILE_ROW_COLUMNS, ROW_JSON_ONLY,
-                                                 Profile, ProfileRow, ShapeSeen)
+from kernelloop.kernels.profile_contract import (
+    PROFILE_COLUMNS,
+    PROFILE_JSON_ONLY,
+    PROFILE_ROW_COLUMNS,
+    ROW_JSON_ONLY,
+    Profile,
+    ProfileRow,
+    ShapeSeen,
+)
 from kernelloop.kernels.roofline import Rates
 from kernelloop.profiler.profile import assemble
 

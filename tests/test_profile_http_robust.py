@@ -1,4 +1,4 @@
-"""Profiling a slow engine over HTTP (issue #14): a real engine (embedded model) whose forward is made
+"""Profiling a slow engine over HTTP: a real engine (embedded model) whose forward is made
 slow on purpose, so steps take as long as interpreted kernels make them, deterministically."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 def check_profile(profile: dict, config: ModelConfig) -> None:
     rows = {r["name"]: r for r in profile["rows"]}
     assert sum(r["share"] for r in profile["rows"]) == pytest.approx(1.0)
-    served = set(OPS) - set(SCHEME_OF_OP)  # the quantized linears run only for quantized layers (issue #26)
+    served = set(OPS) - set(SCHEME_OF_OP)  # the quantized linears run only for quantized layers
     assert served <= set(rows), sorted(rows)  # every other op of the library ran
     for op in sorted(served):
         r = rows[op]

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from kernelloop.agent.quantize.alternatives import (alternatives, keep_first_last, num_layers, plan_bytes_saved,
-                                                    quantize_all, random_same_bytes)
+from kernelloop.agent.quantize.alternatives import (
+    alternatives,
+    keep_first_last,
+    num_layers,
+    plan_bytes_saved,
+    quantize_all,
+    random_same_bytes,
+)
 from kernelloop.agent.quantize.measure import Calibration, Quality, Sensitivity
 from kernelloop.agent.quantize.selection import Selection
 from kernelloop.kernels.quant import SCHEMES

@@ -83,7 +83,7 @@ def test_a_tampered_committed_source_is_refused_and_logged(registry, caplog):
 
 
 def test_an_uncommitted_hand_edit_is_never_served_and_blocks_writes(registry):
-    """Issue #14: a source changed together with its manifest hash, left uncommitted, was served."""
+    """A source changed together with its manifest hash and left uncommitted is not served, and blocks writes."""
     entry = add(registry)
     zeros = "import torch\n\ndef forward(x, weight, eps):\n    return torch.zeros_like(x)\n"
     tampered = registry.manifest_path.read_text().replace(entry.sha256, sha256_text(zeros))

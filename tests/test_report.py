@@ -7,10 +7,10 @@ import base64
 import re
 import sys
 
+from kernelloop.agent.commands import report as report_cmd
 from kernelloop.history import History, HistoryError
 from kernelloop.history.report import REPORT_NAME
 
-from kernelloop.agent.commands import report as report_cmd
 from tests.test_history import PROFILE, verdict
 
 IMG = '<img src="data:image/png;base64,'

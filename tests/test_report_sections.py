@@ -1,4 +1,4 @@
-"""`agent report` after issue #14: roofline labels with meaningful digits, interpreter figures labelled
+"""`agent report`: roofline labels with meaningful digits, interpreter figures labelled
 as such, what the registry served (not every accepted candidate), gate / registry / tune-run sections,
 a default output folder outside the working directory, and a headless-browser screenshot."""
 

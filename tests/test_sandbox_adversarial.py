@@ -202,7 +202,7 @@ def test_expectations_are_well_formed():
 
     assert len(CASES) >= 27
     assert sum(c["control"] for c in CASES) >= 4
-    for n in range(1, 9):  # at least one exploit per class of issue #10 (c<N>_*.py)
+    for n in range(1, 9):  # at least one exploit per class (c<N>_*.py; docs/ARCHITECTURE.md's table)
         assert any(c["name"].startswith(f"c{n}_") for c in ALL), f"no exploit of class {n}"
     for case in CASES:
         for mode in ("static", "runtime"):

@@ -1,4 +1,4 @@
-"""A candidate's time budget (issue #14): per-device defaults, the split between correctness and
+"""A candidate's time budget: per-device defaults, the split between correctness and
 timing, a correct candidate cut off while timed, and the CPU plan's shapes at the interpreter's scale."""
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from kernelloop.sandbox.plan import CPU_SIZE_CAP, CPU_TIMING_CAP, check_cases, i
 REPO = Path(__file__).resolve().parents[1]
 HONEST = (REPO / "tests" / "sandbox_candidates" / "control_rmsnorm_row.py").read_text()
 # Honest, but at hidden=999 (the timing shape the test asks for, never in the battery) it also runs
-# 200000 trivial programs: ~6 s a call and as much a replay in the interpreter (the interpreter's
-# speed varies with the machine and its packages: 12000 programs took 3 s on one, 0.36 s on another),
-# so 7 rounds cannot fit in 45 s.
+# 200000 trivial programs: seconds a call and as much a replay in the interpreter (whose speed varies
+# by almost 10x with the machine and its packages), so 7 rounds cannot fit in 45 s.
 SLOW_WHEN_TIMED = HONEST.replace("def forward(", '''@triton.jit
 def _busy(s_ptr):
     pid = tl.program_id(0)
@@ -140,15 +139,14 @@ def test_a_shape_timed_smaller_keeps_the_registry_baseline_of_its_bucket(tmp_pat
 
 
 def test_registry_baseline_false_times_against_the_ops_own_kernel(tmp_path: Path) -> None:
-    # agent verify re-judges an entry against what it replaced, not against itself (issue #15: this
-    # was done by pointing the sandbox at a registry path named `none`).
+    # agent verify re-judges an entry against what it replaced, not against itself: registry_baseline=False.
     from kernelloop.kernels.registry import Registry
     from kernelloop.kernels.registry.entry import Provenance
 
     spec, asked = get_op("rmsnorm"), {"tokens": 16, "hidden": 192}
     registry = Registry(tmp_path / "reg")
     registry.add("rmsnorm", HONEST, device="cpu-interpreter", dtype="float32", bucket=spec.bucket(asked),
-                 speedup=1.1, speedup_ci=(1.05, 1.2), provenance=Provenance("human")).entry
+                 speedup=1.1, speedup_ci=(1.05, 1.2), provenance=Provenance("human"))
     options = CheckOptions(registry=registry.path, registry_baseline=False, seed=4, dtypes=("float32",), rounds=2,
                            timing_shape=asked, timing_dtype="float32")
     with Sandbox(options) as sandbox:

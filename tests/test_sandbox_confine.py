@@ -20,8 +20,8 @@ import threading
 import pytest
 
 from kernelloop.sandbox.confine import ConfinementError, Policy, confine, probe
-from tests.confine_harness import _refused
 
+from tests.confine_harness import _refused
 
 # ---- tests ----
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kernelloop.sandbox import seccomp_bpf
+
 from tests.confine_harness import _refused
 
 
@@ -98,7 +99,7 @@ def test_seccomp_filter_decisions(machine):
     sigchld, thread_flags = 17, 0x3D0F00  # glibc's pthread_create flags (CLONE_VM|...|CLONE_THREAD|...)
     for spawn in (False, True):
         prog = seccomp_bpf.build(machine, 4242, None, spawn=spawn, network=False, deny_setsid=True)
-        run = lambda name, *args: _run_filter(prog, arch, nr[name], *args)  # noqa: E731
+        run = lambda name, *args: _run_filter(prog, arch, nr[name], *args)  # noqa: E731, B023
         assert _run_filter(prog, 0x40000003, 0) == seccomp_bpf.RET_KILL_PROCESS  # i386 / foreign ABI
         assert _run_filter(prog, arch, 63 if machine == "aarch64" else 0) == allow  # read
         assert run("kill", 4242, 0) == allow and run("kill", 4242 + (1 << 32), 9) == allow  # high bits ignored

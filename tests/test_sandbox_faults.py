@@ -1,4 +1,4 @@
-"""The sandbox's processes when the judge dies or is interrupted (issue #14).
+"""The sandbox's processes when the judge dies or is interrupted.
 
 - kill -9 of the judging process mid-judgement: within 2 s no process it started is left (fork
   servers, their children, the fresh-interpreter launcher and its child, the compile fork server).
@@ -138,8 +138,8 @@ def test_a_fork_server_started_by_a_thread_that_ends_keeps_serving() -> None:
 
 def test_a_request_interrupted_by_ctrl_c_drops_the_fork_server(monkeypatch) -> None:
     # A Ctrl-C that lands while the judge reads a fork-server reply can leave the stream mid-frame; a
-    # later request would then read garbage and wait out its timeout (CI once hung 60 s on Ctrl-C). The
-    # server is dropped instead, and waiting on its children answers at once (they died with it).
+    # later request would then read garbage and wait out its timeout. The server is dropped instead, and
+    # waiting on its children answers at once (they died with it).
     from kernelloop.sandbox import forkserver as fs
 
     server = ForkServer("cpu")

@@ -167,8 +167,8 @@ def forward(x, w):
 
 
 def test_an_empty_slice_passed_to_a_kernel_replays() -> None:
-    """Caught a real bug: the byte offset came from data_ptr(), which is null for an empty tensor, so every
-    candidate handing a kernel an empty slice (no prefix, no tail) was refused as untraceable."""
+    """A kernel handed an empty slice (no prefix, no tail) is traced and replayed, not refused as untraceable:
+    an empty tensor's data_ptr() is null, so its byte offset cannot come from there."""
     forward, constants = load_module(EMPTY_SLICE_SOURCE, "empty_slice.py")
     args = (torch.arange(10, dtype=torch.float32), torch.ones(4))
     out, record, _ = _record(forward, args)

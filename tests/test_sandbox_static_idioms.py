@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.candidate.static_check import ALLOWED_IMPORTS, static_check
+from kernelloop.kernels.ops import get_op
+
 from tests.sandbox_support import ARGS, HEADER, check
 
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kernelloop.kernels.candidate.static_check import static_check
+
 from tests.sandbox_support import ARGS
 
 LIGER = '''

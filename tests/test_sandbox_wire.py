@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import socket
 import struct
+import threading
 import time
 
 import pytest

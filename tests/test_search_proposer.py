@@ -14,14 +14,14 @@ import torch
 
 from kernelloop.agent.proposers.base import TuneContext
 from kernelloop.agent.proposers.search import SearchProposer, neighbour_distance
-from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config_of, module_for, parse_header
+from kernelloop.kernels.candidate.loader import load_kernel
+from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.compare import check_impl
 from kernelloop.kernels.ops import get_op
-from kernelloop.kernels.candidate.loader import load_kernel
+from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.registry.loader import load_forward
 from kernelloop.sandbox.replay import kernels_from_source
-from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.sandbox.worker import load_module
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -235,7 +235,7 @@ def test_on_a_gpu_configs_that_do_not_fit_it_are_skipped(monkeypatch):
     assert not {p.label for p in again} & {label for label, _ in sp.skipped}
 
 
-# -- linear and extend_attention (issue #12) --------------------------------------------------------
+# -- linear and extend_attention ---------------------------------------------------------------------
 
 CONFIGS = {  # one config of each template; splitk and splitkv split at some battery shapes
     "linear tiled": ("linear", {"template": "tiled", "block_m": 32, "block_n": 64, "block_k": 32, "group_m": 4,

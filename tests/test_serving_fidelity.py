@@ -1,4 +1,4 @@
-"""Serving fidelity (issue #13): what a real client sees matches what the engine really does.
+"""Serving fidelity: what a real client sees matches what the engine really does.
 
 - /v1/models reports the request length the KV cache can really serve; --max-model-len;
 - chat logprobs carry each token's own bytes, also for tokens holding part of a UTF-8 character;

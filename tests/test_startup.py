@@ -1,6 +1,6 @@
-"""Issue #14: `--help` took 5-20 s because torch and Triton loaded first. Parsing the command line of
-`agent` and `engine` must import neither; and whatever loads kernels must still configure Triton
-first (interpreter without CUDA), now that `import kernelloop.kernels` no longer does.
+"""Parsing the command line of `agent` and `engine` imports neither torch nor Triton (`--help` stays fast);
+whatever loads kernels configures Triton first (interpreter without CUDA), since `import kernelloop.kernels`
+does not.
 """
 
 from __future__ import annotations

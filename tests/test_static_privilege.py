@@ -1,4 +1,4 @@
-"""Private attributes (issue #23, class 9): a method's self/cls reads private attributes only where it can
+"""Private attributes: a method's self/cls reads private attributes only where it can
 never be bound to anything but its class's instances (or the class), so `self._x` can never reach a
 module's private objects (torch._import_dotted_name, the interpreter's globals, torch._C).
 

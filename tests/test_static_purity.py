@@ -1,4 +1,4 @@
-"""Purity, statically (issue #23, class 3): no state written after import, no clock, no randomness the op
+"""Purity, statically: no state written after import, no clock, no randomness the op
 does not pass in, nothing of the process's environment. Planted variants of each way to keep state are
 refused with their line and the reason; the idioms real kernels use (module tables built at import,
 cached pure launch helpers, fresh locals, __init__ writes, autograd ctx, device queries at import,

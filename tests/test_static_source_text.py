@@ -1,4 +1,4 @@
-"""The text of a candidate reads as it runs (issue #23, class 7): invisible and reordering characters,
+"""The text of a candidate reads as it runs: invisible and reordering characters,
 control characters, look-alike identifiers, coding cookies other than UTF-8 and bytes that are not
 UTF-8 are refused, with the line and the code point named and the character itself never shown.
 Honest text (non-ASCII prose in comments and strings, a leading byte-order mark, form feeds, CRLF,
@@ -11,6 +11,7 @@ import pytest
 
 from kernelloop.kernels.candidate.source_text import read_source, text_problem
 from kernelloop.kernels.candidate.static_check import static_check
+
 from tests.sandbox_support import ARGS, FORWARD, HEADER
 
 BODY = "def f(x):\n    return x  # a comment\n"

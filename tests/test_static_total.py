@@ -1,4 +1,4 @@
-"""A check never stops the judge (issue #23, class 8): `static_check` answers every input with a
+"""A check never stops the judge: `static_check` answers every input with a
 StaticResult (deep nesting that makes the parser or a visitor recurse, inputs that make it run out of
 memory, null bytes, bytes, non-text), `Sandbox.judge_source` turns a failure of any check it makes
 before the processes start into a `static` verdict, and `agent check` prints verdicts and exits 0.
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernelloop.kernels.candidate.static_check import static_check
+
 from tests.sandbox_support import ARGS, FORWARD, HEADER
 
 REPO = Path(__file__).resolve().parent.parent

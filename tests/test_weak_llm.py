@@ -1,4 +1,4 @@
-"""The tune loop against a weak LLM (issue #13): every unusable answer is a recorded verdict and the next
+"""The tune loop against a weak LLM: every unusable answer is a recorded verdict and the next
 round's feedback; duplicates are not judged twice; budgets hold; a run without a single candidate exits
 non-zero with its cause; a dead endpoint or an unknown model fails before any profiling.
 
@@ -28,9 +28,10 @@ from kernelloop.agent.proposers.base import TuneContext
 from kernelloop.agent.proposers.llm import LLMEndpointError, LLMProposer, classify_answer
 from kernelloop.agent.proposers.prompts import bare_code
 from kernelloop.history import History
+from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.ops import OPS, baseline_source, get_op
 from kernelloop.kernels.registry import Registry
-from kernelloop.kernels.candidate.static_check import static_check
+
 from tests.fake_openai import FakeOpenAI
 
 ROOT = Path(__file__).parents[1]

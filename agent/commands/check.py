@@ -12,9 +12,16 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from kernelloop.agent.commands.common_args import (add_cluster_arguments, add_device_argument, add_history_argument,
-                                                  add_min_gain_argument, add_registry_argument, add_timeout_argument,
-                                                  check_timeout_argument, open_pool)
+from kernelloop.agent.commands.common_args import (
+    add_cluster_arguments,
+    add_device_argument,
+    add_history_argument,
+    add_min_gain_argument,
+    add_registry_argument,
+    add_timeout_argument,
+    check_timeout_argument,
+    open_pool,
+)
 from kernelloop.agent.render import print_table, throttled
 from kernelloop.kernels.errors import KernelloopError
 
@@ -74,14 +81,13 @@ def _shapes(text: str | None) -> tuple[dict, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kernelloop.agent.progress_view import ProgressView
     from kernelloop.history import History
     from kernelloop.kernels import get_op
     from kernelloop.kernels.device import resolve_device
     from kernelloop.kernels.spec import parse_dtype
     from kernelloop.kernels.target_compile import parse_targets
     from kernelloop.sandbox import CheckOptions
-
-    from kernelloop.agent.progress_view import ProgressView
 
     check_timeout_argument(args)
     spec = get_op(args.op)

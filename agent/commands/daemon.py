@@ -5,9 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 
-from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
-                                                  close_proposers, gate_config, open_pool, tune_settings)
 from kernelloop.agent.commands.audit import add_audit_window_argument
+from kernelloop.agent.commands.common_args import (
+    add_tune_arguments,
+    build_proposers,
+    check_tune_arguments,
+    close_proposers,
+    gate_config,
+    open_pool,
+    tune_settings,
+)
 from kernelloop.agent.commands.tune import engine_target
 from kernelloop.agent.render import SafeFormatter
 from kernelloop.kernels.errors import KernelloopError

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
 from typing import TYPE_CHECKING
 
 from kernelloop.agent.commands.common_args import add_registry_argument

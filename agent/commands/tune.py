@@ -19,8 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernelloop.agent.commands.common_args import (add_tune_arguments, build_proposers, check_tune_arguments,
-                                                  close_proposers, gate_config, open_pool, tune_settings)
+from kernelloop.agent.commands.common_args import (
+    add_tune_arguments,
+    build_proposers,
+    check_tune_arguments,
+    close_proposers,
+    gate_config,
+    open_pool,
+    tune_settings,
+)
 from kernelloop.agent.render import print_json, print_table
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.errors import KernelloopError

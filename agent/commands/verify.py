@@ -9,9 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kernelloop.agent.commands.common_args import (add_cluster_arguments, add_device_argument, add_history_argument,
-                                                  add_registry_argument, add_timeout_argument, check_timeout_argument,
-                                                  open_pool)
+from kernelloop.agent.commands.common_args import (
+    add_cluster_arguments,
+    add_device_argument,
+    add_history_argument,
+    add_registry_argument,
+    add_timeout_argument,
+    check_timeout_argument,
+    open_pool,
+)
 from kernelloop.agent.render import print_json, print_table
 from kernelloop.kernels.errors import KernelloopError
 

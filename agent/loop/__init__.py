@@ -1,4 +1,4 @@
-"""The agent loop: profile, propose, check, refine, commit, reload, verify (issue #6).
+"""The agent loop: profile, propose, check, refine, commit, reload, verify.
 
     run_tune(settings, context)  -> final TuneState  (agent/loop/graph.py)
 """

@@ -13,12 +13,11 @@ from kernelloop.agent.proposers.base import Proposer
 from kernelloop.agent.render import throttled
 from kernelloop.agent.task_audit import first_wrong
 from kernelloop.agent.task_suite import TaskSuite, load_suite
-from kernelloop.profiler.workload import WorkloadRequest
 from kernelloop.history import History
 from kernelloop.kernels.progress import prefixed
 from kernelloop.kernels.registry import Registry
+from kernelloop.profiler.workload import WorkloadRequest
 from kernelloop.sandbox import CheckOptions, Sandbox
-
 
 TASK_CHUNK = 16  # task-audit requests sent to the engine at once (POST /gate/generate takes up to 16)
 

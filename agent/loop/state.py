@@ -11,7 +11,6 @@ from typing import Any, TypedDict
 
 from kernelloop.sandbox.options import CheckOptions
 
-
 GATE_PROMPTS = (
     "What is 3 plus 4?",
     "Once upon a time, a small robot",

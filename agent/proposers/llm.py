@@ -1,4 +1,4 @@
-"""The LLM proposer: asks an OpenAI-compatible chat endpoint for candidate kernels (issue #6).
+"""The LLM proposer: asks an OpenAI-compatible chat endpoint for candidate kernels.
 
 One conversation per `propose()` call: the task (agent/proposers/prompts.py), then for each earlier
 answer of this proposer in this tune run an assistant turn with it and a user turn with its verdict:

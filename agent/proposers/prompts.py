@@ -13,9 +13,9 @@ import inspect
 import json
 from typing import Any, Iterable
 
-from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.candidate.static_check import ALLOWED_IMPORTS
 from kernelloop.kernels.display import safe_text
+from kernelloop.kernels.ops import get_op
 
 MAX_FAILURES_SHOWN = 4     # earlier failed attempts from history quoted in the task
 MAX_SHAPES_SHOWN = 8

@@ -1,4 +1,4 @@
-"""The search proposer (issue #6): no LLM, a space of configurations and structural templates per op,
+"""The search proposer: no LLM, a space of configurations and structural templates per op,
 explored by measurement and seeded from the best kernel known.
 
 The space of an op is its template module's `space(ctx)` (agent/proposers/templates/): structures

@@ -17,7 +17,7 @@ import random
 import re
 from typing import Any
 
-from kernelloop.agent.quantize.measure import Calibration, QuantizableEngine, Quality, Sensitivity, quality
+from kernelloop.agent.quantize.measure import Calibration, Quality, QuantizableEngine, Sensitivity, quality
 from kernelloop.agent.quantize.selection import Selection
 from kernelloop.kernels.progress import Progress
 from kernelloop.kernels.quant import Scheme, scheme

@@ -52,7 +52,7 @@ def ladder(options: list[Sensitivity]) -> list[Rung]:
         above = [s for s in options if s.saved > saved]
         if not above:
             return rungs
-        rate = lambda s: (s.saved - saved) / max(max(s.kl, 0.0) - kl, KL_FLOOR)  # noqa: E731
+        rate = lambda s, saved=saved, kl=kl: (s.saved - saved) / max(max(s.kl, 0.0) - kl, KL_FLOOR)  # noqa: E731
         best = max(above, key=lambda s: (rate(s), s.saved))
         rungs.append(Rung(best, best.saved - saved, max(max(best.kl, 0.0) - kl, 0.0), len(rungs)))
         saved, kl = best.saved, max(kl, max(best.kl, 0.0))

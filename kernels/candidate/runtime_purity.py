@@ -157,7 +157,7 @@ class Snapshot:
         if isinstance(value, types.FunctionType) and value.__module__ == module_name:
             for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
                 try:
-                    cell.cell_contents
+                    cell.cell_contents  # noqa: B018
                 except ValueError:
                     continue
                 self.cells.append((cell, f"{where}'s closure variable {name}"))

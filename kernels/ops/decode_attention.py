@@ -15,10 +15,11 @@ import math
 import torch
 import triton
 
+from kernelloop.kernels.inputs import log_uniform, some_rows, variant_of
 from kernelloop.kernels.models import DECODE_CONTEXTS, DECODE_TOKENS, MODELS
 from kernelloop.kernels.ops.decode_attention_kernel import forward
 from kernelloop.kernels.spec import Cost, OpSpec, Shape, Tolerance, Variant, size_class
-from kernelloop.kernels.inputs import log_uniform, some_rows, variant_of
+
 
 def reference(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, kv_indptr: torch.Tensor,
               kv_indices: torch.Tensor, sm_scale: float) -> torch.Tensor:

@@ -21,11 +21,11 @@ import math
 import torch
 import triton
 
+from kernelloop.kernels.inputs import log_uniform, some_rows, variant_of
 from kernelloop.kernels.models import MODELS, PREFILL_TOKENS
 from kernelloop.kernels.ops.extend_attention_kernel import forward
 from kernelloop.kernels.precision import full_precision_matmuls
 from kernelloop.kernels.spec import TOKEN_BUDGET, Cost, OpSpec, Shape, Tolerance, Variant, size_class
-from kernelloop.kernels.inputs import log_uniform, some_rows, variant_of
 
 # Engine shapes: prefill chunks (new tokens per forward, all requests together) over these cached
 # prefixes per request, in batches of these many requests.

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import torch
 
+from kernelloop.kernels.inputs import NORM_VARIANT_KEYS, lay_out_rows, variant_of, vary_rows
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.fused_add_rmsnorm_kernel import forward
-from kernelloop.kernels.spec import (DEFAULT_TOLERANCES, TOKEN_BUDGET, Cost, OpSpec, Shape, Variant, at_few_rows,
-                                     size_class)
-from kernelloop.kernels.inputs import NORM_VARIANT_KEYS, lay_out_rows, variant_of, vary_rows
+from kernelloop.kernels.spec import (
+    DEFAULT_TOLERANCES,
+    TOKEN_BUDGET,
+    Cost,
+    OpSpec,
+    Shape,
+    Variant,
+    at_few_rows,
+    size_class,
+)
 
 
 def reference(

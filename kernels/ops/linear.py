@@ -18,12 +18,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from kernelloop.kernels.inputs import ROW_VARIANT_KEYS, lay_out_rows, variant_of, vary_rows
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.linear_kernel import forward
 from kernelloop.kernels.precision import full_precision_matmuls
 from kernelloop.kernels.quant import SCHEMES
 from kernelloop.kernels.spec import DEFAULT_TOLERANCES, TOKEN_BUDGET, Cost, OpSpec, Shape, Variant, size_class
-from kernelloop.kernels.inputs import ROW_VARIANT_KEYS, lay_out_rows, variant_of, vary_rows
 
 # Vocabulary sizes (lm_head's N), by kernels.models.MODELS name.
 VOCAB: dict[str, int] = {

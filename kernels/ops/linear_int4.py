@@ -13,9 +13,9 @@ kernels/ops/linear_int4_kernel.py.
 
 from __future__ import annotations
 
+from kernelloop.kernels.models import MODELS
 from kernelloop.kernels.ops.linear import quantized_spec
 from kernelloop.kernels.ops.linear_int4_kernel import forward
-from kernelloop.kernels.models import MODELS
 from kernelloop.kernels.spec import TOKEN_BUDGET
 
 SPEC = quantized_spec(

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from kernelloop.kernels.inputs import some_rows, variant_of
 from kernelloop.kernels.models import ENGINE_TOKENS, MODELS
 from kernelloop.kernels.ops.rope_kernel import forward
 from kernelloop.kernels.spec import DEFAULT_TOLERANCES, TOKEN_BUDGET, Cost, OpSpec, Shape, Variant, size_class
-from kernelloop.kernels.inputs import some_rows, variant_of
 
 ROPE_THETA = 500000.0  # Llama-3
 DEFAULT_MAX_POS = 8192 + 256  # make_inputs' cache length unless the shape gives `max_pos`

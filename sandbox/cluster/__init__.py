@@ -1,4 +1,4 @@
-"""The judge as Ray actors: candidates checked on every device of a cluster (issue #25).
+"""The judge as Ray actors: candidates checked on every device of a cluster.
 
     from kernelloop.sandbox.cluster import ClusterJob, JudgePool
     with JudgePool("auto", device="cpu", workers=2) as pool:

@@ -16,8 +16,8 @@ from typing import Any
 
 from kernelloop.kernels.progress import Progress
 from kernelloop.sandbox.cluster.actor import Judge
-from kernelloop.sandbox.cluster.session import connect, import_ray
 from kernelloop.sandbox.cluster.jobs import ActorInfo, ClusterJob, ClusterUnavailable
+from kernelloop.sandbox.cluster.session import connect, import_ray
 from kernelloop.sandbox.verdict import Verdict
 
 START_TIMEOUT_S = 180.0  # an actor that cannot be placed (no free CPU/GPU) fails the pool within this

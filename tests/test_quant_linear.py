@@ -90,6 +90,19 @@ def test_the_int4_packing_layout_is_pinned():
 # --- the judge ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name, kernel", [("linear_int8", linear_int8_kernel), ("linear_int4", linear_int4_kernel)])
+def test_the_interpreters_wide_tiles_cross_their_edges_right(name, kernel):
+    """CPU tensors get the interpreter's wide tiling (64 x 4096 at most); past both edges (rows and columns that
+    wrap onto valid ones, a second tile in each direction) the outputs still equal the reference."""
+    shape = {"tokens": 70, "n": 4100, "k": 256}
+    spec = OPS[name]
+    cfg = kernel.interpreter_config(70, 4100)
+    assert (cfg.block_m, cfg.block_n, cfg.split_k) == (64, 4096, False)
+    args = spec.make_inputs(shape, torch.float32, 3, "cpu", {"bias": True})
+    tol = spec.tolerance(torch.float32, shape)
+    torch.testing.assert_close(kernel.launch(*args), spec.reference(*args), atol=tol.atol, rtol=tol.rtol)
+
+
 def _planted(tmp_path, op: str, label: str, *edits: tuple[str, str]):
     """The op's baseline with one bug: each edit replaces text that occurs exactly once."""
     source = baseline_source(op)

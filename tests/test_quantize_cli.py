@@ -145,3 +145,46 @@ def test_fp8_is_offered_by_default_only_where_supported():
 
     assert [s.name for s in parse_schemes(None, "cpu")] == ["int8", "int4"]
     assert SCHEMES["fp8"].supported("cpu") is False
+
+
+def test_a_gate_that_raises_rolls_the_commit_back(capsys, tmp_path, registry, stubbed, monkeypatch):
+    add_unscoped(registry)
+
+    def broken_gate(*args, **kwargs):
+        raise RuntimeError("the engine died mid-gate")
+
+    monkeypatch.setattr(apply, "gate_commit", broken_gate)
+    code, out, _ = run(capsys, *FAST, "--schemes", "int8", "--kl-budget", "2e-6", "--json", "--registry",
+                       str(registry.path), "--history", str(tmp_path / "h.db"))
+    report = json.loads(out[out.index("\n{") + 1:])
+    assert code == 1 and report["status"] == "rolled-back"
+    assert "the gate did not finish: RuntimeError: the engine died mid-gate" in report["reason"]
+    assert not any(e.scope for e in registry.entries())
+    with History(tmp_path / "h.db") as h:
+        events = h.registry_events()
+    assert [e["kind"] for e in events][:2] == ["rollback", "quantize"]
+    assert events[0]["commit_sha"] == report["commit"] and "did not finish" in events[0]["detail"]["why"]
+
+
+def test_a_commit_left_gating_by_a_killed_run_is_rolled_back_by_the_next_run(capsys, tmp_path, registry, stubbed):
+    """A run killed between its commit and its gate's result leaves a "quantize" event in status "gating" and the
+    commit serving; the next `agent quantize` rolls it back before anything else, once."""
+    from kernelloop.agent.commands.quantize import record
+
+    add_unscoped(registry)
+    judged = {"int8": apply.Judged(SCHEMES["int8"], baseline_source("linear_int8"), Verdict(True))}
+    sha = apply.commit_selection(registry, {"layers.0.o_proj": "int8"}, judged, "cpu-interpreter", "float32", 0.05)
+    with History(tmp_path / "h.db") as h:  # what the killed run had recorded before gating
+        record(h, {"commit": sha, "device": "cpu-interpreter", "dtype": "float32", "status": "gating", "budget": 0.05})
+    assert any(e.scope for e in registry.entries())
+    stubbed["correct"] = False  # the next run commits nothing of its own
+    for _ in range(2):
+        code, out, _ = run(capsys, *FAST, "--schemes", "int8", "--registry", str(registry.path),
+                           "--history", str(tmp_path / "h.db"))
+        assert code == 1 and "not correct" in out
+    assert not any(e.scope for e in registry.entries())
+    assert any(e.op == "linear" and not e.scope for e in registry.entries())
+    with History(tmp_path / "h.db") as h:
+        rollbacks = [e for e in h.registry_events() if e["kind"] == "rollback"]
+    assert len(rollbacks) == 1 and rollbacks[0]["commit_sha"] == sha and rollbacks[0]["ok"]
+    assert "never finished" in rollbacks[0]["detail"]["why"]

@@ -14,8 +14,12 @@ import argparse
 import math
 from typing import Any
 
-from kernelloop.agent.commands.common_args import (add_device_argument, add_history_argument, add_registry_argument,
-                                                  positive_int)
+from kernelloop.agent.commands.common_args import (
+    add_device_argument,
+    add_history_argument,
+    add_registry_argument,
+    positive_int,
+)
 from kernelloop.agent.render import print_json, print_table
 from kernelloop.kernels.errors import KernelloopError
 
@@ -78,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
     from kernelloop.history import History
 
     with History(args.history) as history, ProgressView() as progress:
+        if not args.dry_run:
+            from kernelloop.agent.quantize.apply import roll_back_unfinished
+            from kernelloop.kernels.registry import Registry
+
+            roll_back_unfinished(Registry(args.registry), history, progress)
         report = quantize(args, device, schemes, history, progress)
     show(report, args.json)
     return 0 if report["status"] in ("committed", "dry-run") else 1
@@ -143,7 +152,14 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
     """Judge the used schemes' baselines, commit the selection, gate it; roll back when the gate fails.
     Fills report's status, reason, commit and gate."""
     from kernelloop.agent.loop.context import LoopContext
-    from kernelloop.agent.quantize.apply import commit_selection, gate_before, gate_commit, judge_baselines, light_gate
+    from kernelloop.agent.quantize.apply import (
+        commit_selection,
+        gate_before,
+        gate_commit,
+        judge_baselines,
+        light_gate,
+        record_rollback,
+    )
     from kernelloop.kernels.registry import Registry
 
     used = [s for s in schemes if s.name in set(plan.values())]
@@ -163,7 +179,16 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
         report.update(commit=sha, status="gating", reason="")
         record(history, report)
         progress(f"committed {len(plan)} scoped entries ({sha[:10]}); gating in budget mode")
-        result, speed = gate_commit(ctx, before, sha, interpreted=device == "cpu")
+        try:
+            result, speed = gate_commit(ctx, before, sha, interpreted=device == "cpu")
+        except BaseException as exc:  # an unfinished gate never leaves its commit serving
+            why = f"the gate did not finish: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+            registry.rollback(sha)
+            record_rollback(history, sha, report["device"], report["dtype"], why)
+            report.update(status="rolled-back", reason=f"rolled back: {why}")
+            if not isinstance(exc, Exception):
+                raise
+            return
         report["gate"] = result.to_json()
         history.record_registry_event("gate", None, commit_sha=sha, device=report["device"], dtype=report["dtype"],
                                       ok=result.ok, detail={**result.to_json(), "speed": speed, "engine": "in-process",
@@ -173,8 +198,7 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
             report.update(status="committed", reason=result.reason)
             return
         registry.rollback(sha)
-        history.record_registry_event("rollback", None, commit_sha=sha, device=report["device"], dtype=report["dtype"],
-                                      ok=True, detail={"why": result.reason, "quantize": True})
+        record_rollback(history, sha, report["device"], report["dtype"], result.reason)
         ctx.reload()
         report.update(status="rolled-back", reason=f"rolled back: {result.reason}")
     finally:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kernelloop.agent.gate import GateResult, HasTokenizer, alternate_speed, chat_ids, judge, summary
 from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
+from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.progress import Progress
 from kernelloop.kernels.quant import Scheme
 from kernelloop.kernels.registry import ANY_BUCKET, Entry, Provenance, Registry
@@ -118,3 +119,39 @@ def gate_commit(ctx: Any, before: dict[str, Any], commit_sha: str, interpreted: 
     speed = alternate_speed(measure_at, f"{commit_sha}^", commit_sha, rounds, ctx.progress)
     ctx.reload()  # back to HEAD
     return judge(before, after, speed, ctx.gate, interpreted=interpreted), speed
+
+
+def record_rollback(history: Any, sha: str, device: str, dtype: str, why: str, ok: bool = True) -> None:
+    """The history's "rollback" event for a quantize commit (after its "quantize" and any "gate" event)."""
+    history.record_registry_event("rollback", None, commit_sha=sha, device=device, dtype=dtype, ok=ok,
+                                  detail={"why": why, "quantize": True})
+
+
+def roll_back_unfinished(registry: Registry, history: Any, progress: Progress = lambda message: None) -> list[str]:
+    """Roll back each commit an earlier `agent quantize` made and never finished gating (the process was killed
+    between its commit and its gate's result: a "quantize" event in status "gating" with no "gate" or "rollback"
+    event for its commit). A commit this registry does not hold is left alone; one it cannot roll back (changed
+    again since) is recorded as a failed rollback, so it is reported once. Returns the commits rolled back."""
+    if registry.head() is None:
+        return []
+    events = history.registry_events(limit=1000)
+    settled = {e["commit_sha"] for e in events if e["kind"] in ("gate", "rollback")}
+    pending = [e for e in events if e["kind"] == "quantize" and e["commit_sha"] and e["commit_sha"] not in settled
+               and (e["detail"] or {}).get("status") == "gating"]
+    done = []
+    for event in pending:
+        sha, why = event["commit_sha"], "its gate never finished (the agent quantize run that made it was stopped)"
+        try:
+            registry.commit_of(sha)
+        except RegistryError:
+            continue  # another registry's commit
+        try:
+            registry.rollback(sha)
+        except RegistryError as exc:
+            progress(f"an unfinished quantize commit {sha[:10]} could not be rolled back: {exc}")
+            record_rollback(history, sha, event["device"], event["dtype"], f"{why}; not rolled back: {exc}", ok=False)
+            continue
+        record_rollback(history, sha, event["device"], event["dtype"], why)
+        progress(f"rolled back {sha[:10]}: {why}")
+        done.append(sha)
+    return done

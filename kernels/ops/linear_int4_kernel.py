@@ -134,6 +134,14 @@ def pick_config(m: int, dtype: torch.dtype) -> Config:
     return next(cfg for limit, cfg in table if m <= limit)
 
 
+def interpreter_config(m: int, n: int) -> Config:
+    """The tiling for CPU tensors (Triton's interpreter): it pays per program and per operation, hardly per
+    element, so a few wide programs (up to 64 x 4096 outputs, K steps of 128, no split) run a SmolLM2
+    projection about 10x faster than the GPU tables' tiles."""
+    return Config(min(64, max(16, triton.next_power_of_2(m))), min(4096, max(16, triton.next_power_of_2(n))),
+                  128, 1, 4, 1)
+
+
 def split_k_plan(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, split_k: bool,
                  splits: int | None = None) -> tuple[int, int]:
     """(splits, K per split): a multiple of block_k, every split non-empty. Host-side, no sync."""
@@ -166,12 +174,12 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: t
     G = K // groups
     if bias is not None and tuple(bias.shape) != (N,):
         raise ValueError(f"linear_int4: bias {tuple(bias.shape)} is not [{N}]")
-    cfg = config or pick_config(math.prod(x.shape[:-1]), x.dtype)
+    lead = x.shape[:-1]
+    M = math.prod(lead)
+    cfg = config or (interpreter_config(M, N) if x.device.type == "cpu" else pick_config(M, x.dtype))
     block_k = math.gcd(cfg.block_k, G)  # every K step inside one group
     if block_k < 16:
         raise ValueError(f"linear_int4: group {G} is not a multiple of 16")
-    lead = x.shape[:-1]
-    M = math.prod(lead)
     x2 = x.reshape(M, K)  # a view for 2-D (any strides) and contiguous 3-D inputs
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:

@@ -133,6 +133,14 @@ def pick_config(m: int, dtype: torch.dtype) -> Config:
     return next(cfg for limit, cfg in table if m <= limit)
 
 
+def interpreter_config(m: int, n: int) -> Config:
+    """The tiling for CPU tensors (Triton's interpreter): it pays per program and per operation, hardly per
+    element, so a few wide programs (up to 64 x 4096 outputs, K steps of 128, no split) run a SmolLM2
+    projection about 10x faster than the GPU tables' tiles."""
+    return Config(min(64, max(16, triton.next_power_of_2(m))), min(4096, max(16, triton.next_power_of_2(n))),
+                  128, 1, 4, 1)
+
+
 def split_k_plan(m: int, n: int, k: int, cfg: Config, splits: int | None = None) -> tuple[int, int]:
     """(splits, K per split): a multiple of BLOCK_K, every split non-empty. Host-side, no sync.
     `splits` forces a count (tests); otherwise split only when the output tiles are too few."""
@@ -167,7 +175,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, 
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y.view(*lead, N)
-    cfg = config or pick_config(M, x.dtype)
+    cfg = config or (interpreter_config(M, N) if x.device.type == "cpu" else pick_config(M, x.dtype))
     splits, chunk = split_k_plan(M, N, K, cfg, split_k)
     if precision is None:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp16/bf16 operands are exact either way

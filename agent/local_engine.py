@@ -88,9 +88,14 @@ class LocalEngine:
         kernels = self.engine.kernels
         kernels.set_quant_plan(plan)
         try:
-            return [t.logprobs for t in served_logprobs_many(self.engine, pairs)]
+            return self.forced_logprobs(pairs)
         finally:
             kernels.set_quant_plan({})
+
+    def forced_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """Teacher-forced log-distributions ([len(served), vocab] float32 each) of (prompt ids, served ids) pairs,
+        through the kernels this engine serves."""
+        return [t.logprobs for t in served_logprobs_many(self.engine, pairs)]
 
     def close(self) -> None:
         self._engine = None

@@ -154,8 +154,8 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
     from kernelloop.agent.loop.context import LoopContext
     from kernelloop.agent.quantize.apply import (
         commit_selection,
-        gate_before,
         gate_commit,
+        gate_summary,
         judge_baselines,
         light_gate,
         record_rollback,
@@ -174,7 +174,7 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
     ctx = LoopContext(history=history, registry=registry, proposers={}, device=device, model=args.model,
                       gate=light_gate(report["budget"], device), progress=progress)
     try:
-        before = gate_before(ctx)
+        before = gate_summary(ctx)
         sha = commit_selection(registry, plan, judged, report["device"], report["dtype"], report["budget"])
         report.update(commit=sha, status="gating", reason="")
         record(history, report)

@@ -9,7 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kernelloop.agent.gate import GateResult, HasTokenizer, alternate_speed, chat_ids, judge, summary
+from kernelloop.agent.gate import (
+    GateResult,
+    HasTokenizer,
+    Measurement,
+    alternate_speed,
+    chat_ids,
+    judge,
+    mean_kl,
+    summary,
+)
 from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
 from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.progress import Progress
@@ -99,18 +108,24 @@ def commit_selection(registry: Registry, plan: dict[str, str], judged: dict[str,
                                    f"quantize: {len(plan)} projections ({what}) under a KL budget of {budget:g} nats")
 
 
-def gate_before(ctx: Any) -> dict[str, Any]:
-    """The gate's summary of the engine as it serves now (before the commit). `ctx`: a LoopContext."""
-    return summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations(),
-                   invariance=ctx.batch_invariance(), tasks=ctx.task_audit())
+def gate_summary(ctx: Any) -> dict[str, Any]:
+    """The gate's summary of the engine as it serves now (before the commit, and at it), with its KL teacher-forced: the engine's distributions
+    along the reference's greedy tokens. (From the first token a quantized engine chooses differently, its own
+    generation continues another text, and comparing distributions position by position compares different
+    contexts: nats, not hundredths.) `ctx`: a LoopContext over an in-process engine (LocalEngine)."""
+    reference = ctx.measure_reference()
+    out = summary(reference, ctx.measure_engine(), long=ctx.long_generations(), invariance=ctx.batch_invariance(),
+                  tasks=ctx.task_audit())
+    forced = ctx.engine.forced_logprobs(list(zip(ctx.prompt_ids(), reference.greedy)))
+    out["kl"] = mean_kl(reference, Measurement(reference.greedy, forced, 0.0))
+    return out
 
 
 def gate_commit(ctx: Any, before: dict[str, Any], commit_sha: str, interpreted: bool) -> tuple[GateResult, dict[str, Any]]:
     """Reload at HEAD (the commit), measure, alternate the speed between the commit's parent and the commit,
     and judge in budget mode. Returns the result and the speed rounds."""
     ctx.reload()
-    after = summary(ctx.measure_reference(), ctx.measure_engine(), long=ctx.long_generations(),
-                    invariance=ctx.batch_invariance(), tasks=ctx.task_audit())
+    after = gate_summary(ctx)
     rounds = ctx.gate.speed_rounds
     ctx.progress(f"end-to-end gate: tokens/s before and after, {rounds} alternated round{'s' if rounds != 1 else ''}")
     measure_at = ctx.tokens_per_second_at

@@ -21,8 +21,8 @@ import httpx
 
 from kernelloop.agent.remote import RemoteEngine
 from kernelloop.agent.shadow_audit import AuditConfig, breach, figures, score_sample
+from kernelloop.common.errors import KernelloopError, RegistryError
 from kernelloop.history import History
-from kernelloop.kernels.errors import KernelloopError, RegistryError
 from kernelloop.kernels.registry import Registry
 
 log = logging.getLogger("kernelloop.audit")

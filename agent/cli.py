@@ -20,8 +20,8 @@ from kernelloop.agent.commands import (
     tune,
     verify,
 )
+from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.display import safe_text
-from kernelloop.kernels.errors import KernelloopError
 
 COMMANDS = (ops, check, profile, tune, quantize, daemon, audit, verify, pr, registry, history, report)
 

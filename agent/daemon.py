@@ -21,7 +21,7 @@ from typing import Any, Callable
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune, unfinished_run
 from kernelloop.agent.loop.state import TuneSettings
-from kernelloop.kernels.progress import takes_every_step
+from kernelloop.common.progress import takes_every_step
 
 log = logging.getLogger("kernelloop.daemon")
 

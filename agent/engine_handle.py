@@ -3,7 +3,7 @@
 An `EngineHandle` does six things:
 
     profile(workload, progress) -> profile dict   drive the workload through the engine and profile it
-                                                  (kernels/profile_contract.py `Profile`)
+                                                  (kernelloop/common/profile_contract.py `Profile`)
     reload(revision)            -> changed        serve the registry at HEAD (revision None) or as commit
                                                   `revision` holds it; returns the variants that changed,
                                                   {op: {"dtype bucket": [old, new]}}
@@ -32,8 +32,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from kernelloop.agent.gate import Measurement
-from kernelloop.agent.loop.state import GateConfig
-from kernelloop.kernels.progress import Progress
+from kernelloop.agent.gate_config import GateConfig
+from kernelloop.common.progress import Progress
 from kernelloop.profiler.workload import WorkloadRequest
 
 METHODS = ("profile", "reload", "measure", "generate", "invariance", "close")

@@ -23,9 +23,9 @@ import httpx
 
 from kernelloop.agent.engine_handle import check_handle
 from kernelloop.agent.gate import Measurement
-from kernelloop.agent.loop.state import GateConfig
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.progress import Progress, Step
+from kernelloop.agent.gate_config import GateConfig
+from kernelloop.common.errors import KernelloopError
+from kernelloop.common.progress import Progress, Step
 from kernelloop.profiler.merge import merge_profiles
 from kernelloop.profiler.workload import WorkloadRequest
 

@@ -41,12 +41,12 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.invariance import invariance_rows
-from kernelloop.agent.loop.state import GateConfig
 from kernelloop.agent.runaway import PromptLoops, new_loops
 from kernelloop.agent.task_audit import TaskComparison, compare
-from kernelloop.kernels.progress import Progress, Step
-from kernelloop.kernels.stats import median_interval
+from kernelloop.common.progress import Progress, Step
+from kernelloop.common.stats import median_interval
 
 
 @dataclass

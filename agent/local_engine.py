@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from kernelloop.agent.gate import Measurement
-from kernelloop.agent.loop.state import GateConfig
+from kernelloop.agent.gate_config import GateConfig
+from kernelloop.common.progress import Progress
 from kernelloop.engine import gate_invariance, gate_measure
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.teacher_force import TeacherForced, served_logprobs, served_logprobs_many
 from kernelloop.engine.tokenizer import Tokenizer
-from kernelloop.kernels.progress import Progress
 from kernelloop.profiler.inprocess import profile_engine
 from kernelloop.profiler.workload import WorkloadRequest
 

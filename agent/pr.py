@@ -23,8 +23,8 @@ import git
 
 from kernelloop.agent.pr_body import EXPORT_DIR, branch_name, render_body, title_for
 from kernelloop.agent.pr_github import DEFAULT_GITHUB_API, PrError, check_slug, github_slug, one_line, open_pull_request
+from kernelloop.common.errors import RegistryError
 from kernelloop.history import History, default_history_path
-from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.registry import Registry
 from kernelloop.kernels.registry.entry import Entry
 from kernelloop.kernels.registry.manifest import MANIFEST_NAME

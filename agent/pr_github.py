@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 DEFAULT_GITHUB_API = "https://api.github.com"
 GITHUB_TIMEOUT_S = 30.0

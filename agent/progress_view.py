@@ -1,6 +1,6 @@
 """Where a command's progress goes: rich progress bars on a terminal, plain lines otherwise.
 
-`ProgressView` is the `Progress` callback (kernels/progress.py) that `agent tune`, `check`, `profile`
+`ProgressView` is the `Progress` callback (kernelloop/common/progress.py) that `agent tune`, `check`, `profile`
 and `daemon` hand down. Used as a context manager, it starts a live display on stderr when stderr
 is a terminal (and TERM is not "dumb"): each `Step` then moves the bar of its task (one bar per
 task: battery trials, timing rounds against the candidate's deadline, profile requests, gate
@@ -30,8 +30,8 @@ from rich.progress import Progress as Bars
 from rich.table import Column
 from rich.text import Text
 
+from kernelloop.common.progress import Step
 from kernelloop.kernels.display import safe_text
-from kernelloop.kernels.progress import Step
 
 REFRESH_PER_SECOND = 4  # the elapsed and time-left columns tick; a 2-core box has better uses for its CPU
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from kernelloop.agent.gate import Measurement
-from kernelloop.agent.loop.state import GateConfig
+from kernelloop.agent.gate_config import GateConfig
+from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.display import safe_text
-from kernelloop.kernels.errors import KernelloopError
 from kernelloop.profiler.http import profile_url
 from kernelloop.profiler.workload import WorkloadRequest
 

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kernelloop.common.progress import Progress, Step, prefixed, takes_every_step
 from kernelloop.kernels.display import safe_text
-from kernelloop.kernels.progress import Progress, Step, prefixed, takes_every_step
 
 console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
 
@@ -50,7 +50,7 @@ def warn(message: str) -> None:
 def throttled(emit: Progress, every_s: float = 5.0, prefix: str = "") -> Progress:
     """A progress callback that passes on at most one message per `every_s` seconds (the first at once):
     long phases (a sandbox battery, timing rounds) show where they are without a line per step. When
-    `emit` takes every step (a terminal's bars, kernels/progress.py), the Steps it would drop still
+    `emit` takes every step (a terminal's bars, kernelloop/common/progress.py), the Steps it would drop still
     reach it; they move a bar and print nothing."""
     last = [float("-inf")]
 

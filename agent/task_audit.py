@@ -2,7 +2,7 @@
 
 A suite (agent/task_suite.py) is answered greedily before and after; each item passes or fails by
 `check` (JSON validity, tool-call argument fidelity, the next call of a scripted trace). `compare`
-pairs the items and bootstraps the after/before accuracy ratio (kernels/stats.py
+pairs the items and bootstraps the after/before accuracy ratio (kernelloop/common/stats.py
 `paired_ratio_interval`): the audit fails only when the whole 95% interval is below 1 - tolerance,
 i.e. the model is confidently worse. A model that passed nothing before has nothing to lose.
 
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kernelloop.agent.task_suite import TaskItem
-from kernelloop.kernels.stats import paired_ratio_interval
+from kernelloop.common.stats import paired_ratio_interval
 
 _MISSING = object()
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 BUNDLED = Path(__file__).parent / "tasks"
 KINDS = ("json", "tool_call", "trace")

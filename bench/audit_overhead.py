@@ -3,7 +3,7 @@
 One `engine serve` process per rate, all started up front; each round sends the same batch of requests to
 every server in turn (the order rotates from round to round, so drift on a noisy machine falls on every
 rate alike) and records output tokens per second. Each rate's per-round ratio to rate 0 gives a median
-with its 95% bootstrap interval (kernels/stats.py median_interval). The audit's promise: at the default
+with its 95% bootstrap interval (kernelloop/common/stats.py median_interval). The audit's promise: at the default
 rate (0.01) serving is not slower by more than 2%.
 
 This times the engine's side: the draw per finished request and the copy of a sampled one into the ring.
@@ -20,7 +20,7 @@ from contextlib import ExitStack
 from types import SimpleNamespace
 from typing import Sequence
 
-from kernelloop.kernels.stats import median_interval
+from kernelloop.common.stats import median_interval
 
 from bench.http_load import EngineServer, PlannedRequest, send_all
 from bench.report import print_table, write_report

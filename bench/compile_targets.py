@@ -30,7 +30,7 @@ from typing import Any, Iterable  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelloop.kernels.errors import KernelloopError  # noqa: E402
+from kernelloop.common.errors import KernelloopError  # noqa: E402
 from kernelloop.kernels.models import MODELS  # noqa: E402
 from kernelloop.kernels.ops import OPS, get_op  # noqa: E402
 from kernelloop.kernels.registry.entry import sha256_text  # noqa: E402

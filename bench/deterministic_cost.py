@@ -4,7 +4,7 @@ With the embedded model on CPU (float32, the CPU default kernels: reference torc
 one process, default and deterministic, generate the same greedy workloads (1 request; 16 concurrent
 requests) in interleaved rounds, the order alternating each round. Per workload: output tokens/s of
 each, and deterministic/default as the median of the per-round ratios with its 95% bootstrap interval
-(kernels/stats.py). Deterministic mode serves linear and both attentions row by row (kernels/deterministic.py),
+(kernelloop/common/stats.py). Deterministic mode serves linear and both attentions row by row (kernels/deterministic.py),
 so the cost grows with the rows a forward carries: most in prefill and large batches.
 """
 
@@ -17,9 +17,9 @@ from typing import Sequence
 
 import torch
 
+from kernelloop.common.stats import median_interval
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.gate_invariance import fillers, greedy
-from kernelloop.kernels.stats import median_interval
 
 from bench.report import print_table, write_report
 

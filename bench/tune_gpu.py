@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
+from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry

@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

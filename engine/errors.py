@@ -1,6 +1,6 @@
 """Engine errors a user can act on: the CLI prints one line, the server answers with a 4xx."""
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 
 class EngineError(KernelloopError):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kernelloop.common.paths import cache_root
 from kernelloop.engine.convert_gguf import GgufModel, ensure_converted
 from kernelloop.engine.errors import ModelLoadError
 from kernelloop.engine.gguf_fetch import WheelGguf
-from kernelloop.kernels.paths import cache_root
 
 KNOWN_MODELS: dict[str, GgufModel] = {
     "smollm2": GgufModel(

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kernelloop.common.errors import RegistryError
 from kernelloop.engine.loop import EngineLoop
 from kernelloop.engine.openai_api import APIError
-from kernelloop.kernels.errors import RegistryError
 
 
 def parse_revision(raw: bytes) -> str | None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import sqlite_utils
 
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.paths import data_path
+from kernelloop.common.errors import KernelloopError
+from kernelloop.common.paths import data_path
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 # PRAGMA application_id of a kernelloop history: "KLHI" as a big-endian 32-bit integer.

@@ -51,7 +51,7 @@ class ReportData:
 
     source: str = ""
     generated_at: str = field(default_factory=now_iso)
-    profile: dict[str, Any] | None = None  # History.latest_profile(): the stored columns (kernels/profile_contract.py)
+    profile: dict[str, Any] | None = None  # History.latest_profile(): the stored columns (kernelloop/common/profile_contract.py)
     accepted: list[dict[str, Any]] = field(default_factory=list)
     rejections: dict[str, dict[str, int]] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)

@@ -17,10 +17,10 @@ from typing import Any, Iterator, Mapping
 
 import sqlite_utils
 
+from kernelloop.common.profile_contract import PROFILE_COLUMNS, PROFILE_ROW_COLUMNS, Profile
 from kernelloop.history import queries
 from kernelloop.history.db import HistoryError, check_file, connect, enable_wal, inspect, now_iso, resolve_path
 from kernelloop.history.schema import SCHEMA_VERSION, migrate
-from kernelloop.kernels.profile_contract import PROFILE_COLUMNS, PROFILE_ROW_COLUMNS, Profile
 from kernelloop.kernels.registry.entry import sha256_text
 
 REGISTRY_EVENT_KINDS = ("add", "reload", "rollback", "gate", "verify", "pr", "quantize")
@@ -117,7 +117,7 @@ class History(queries.Queries):
     # -- writes -----------------------------------------------------------------------------------
 
     def record_profile(self, profile: Profile | Mapping[str, Any]) -> int:
-        """Store one profile (kernels/profile_contract.py `Profile`): its column keys (`PROFILE_COLUMNS`,
+        """Store one profile (kernelloop/common/profile_contract.py `Profile`): its column keys (`PROFILE_COLUMNS`,
         each row's `PROFILE_ROW_COLUMNS` and shapes) in the tables, missing keys as NULL, the whole dict
         in raw_json. Returns the profile id."""
         row: dict[str, Any] = {k: _scalar(profile.get(k)) for k in PROFILE_COLUMNS}

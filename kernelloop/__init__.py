@@ -2,7 +2,8 @@
 
 The code lives in the repository's top-level folders (agent/, kernels/, engine/, profiler/, sandbox/,
 history/); pyproject.toml installs each under this package (`kernelloop.kernels`, ...), so no generic
-top-level name (`kernels` is also Hugging Face's kernel hub) reaches site-packages.
+top-level name (`kernels` is also Hugging Face's kernel hub) reaches site-packages. The plumbing they all
+share, `kernelloop.common`, lives in this folder (common/).
 
 Run from a source tree that is not installed (a GPU machine handed the working tree), this package
 also looks in the repository root, where those folders are.

@@ -1,7 +1,6 @@
 """kernelloop's op library, kernel registry and dispatch.
 
-Importing this package is cheap (no torch, no Triton): `agent --help` and the errors module load
-without them. Loading the op table (`kernelloop.kernels.ops`, or `OPS`/`get_op` from here) configures
+Importing this package is cheap (no torch, no Triton): `agent --help` loads without them. Loading the op table (`kernelloop.kernels.ops`, or `OPS`/`get_op` from here) configures
 Triton first (interpreter when there is no CUDA device), before any kernel is decorated; see
 kernels/device.py.
 """

@@ -48,7 +48,7 @@ def resolve_device(requested: str | None) -> str:
     is one line for the user (KernelloopError), not a traceback from deep inside torch."""
     import torch
 
-    from kernelloop.kernels.errors import KernelloopError
+    from kernelloop.common.errors import KernelloopError
 
     if requested is None:
         return default_device()

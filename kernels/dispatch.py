@@ -28,9 +28,9 @@ from typing import Any, Callable, ContextManager, Literal, Mapping
 
 import torch
 
+from kernelloop.common.errors import RegistryError
 from kernelloop.kernels import deterministic as det
 from kernelloop.kernels.device import device_fingerprint
-from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.ops import OPS
 from kernelloop.kernels.registry import Entry, Registry, select_entry
 from kernelloop.kernels.scoped import Projections

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 INT4_GROUPS = (128, 64)  # the largest that divides K
 FP8_MAX = 448.0  # largest finite float8_e4m3fn

@@ -19,8 +19,8 @@ from typing import Callable
 
 import torch
 
+from kernelloop.common.paths import cache_root
 from kernelloop.kernels.device import device_fingerprint
-from kernelloop.kernels.paths import cache_root
 from kernelloop.kernels.precision import full_precision_matmuls
 from kernelloop.kernels.spec import Cost, dtype_name
 from kernelloop.kernels.timing import measure_copy_bandwidth, summarize, time_calls

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from kernelloop.kernels.errors import UnknownDtypeError
+from kernelloop.common.errors import UnknownDtypeError
 
 Shape = Mapping[str, int]
 Variant = Mapping[str, Any]

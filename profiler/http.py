@@ -25,10 +25,10 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 import httpx
 
+from kernelloop.common.errors import KernelloopError
+from kernelloop.common.progress import Progress, Step
 from kernelloop.engine.recorder import REPLAY_BUDGET_S
 from kernelloop.kernels.device import default_device, device_fingerprint
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.roofline import device_rates
 from kernelloop.profiler.profile import assemble
 from kernelloop.profiler.workload import WorkloadRequest, summarize_latencies

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
+from kernelloop.common.progress import Progress, Step
 from kernelloop.engine.engine import Engine
 from kernelloop.engine.recorder import OP_TIMINGS
 from kernelloop.engine.sampling import SamplingParams
-from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.roofline import device_rates
 from kernelloop.profiler.profile import assemble
 from kernelloop.profiler.workload import WorkloadRequest, summarize_latencies

@@ -1,5 +1,5 @@
 """One profile for a fleet of engines: `merge_profiles` folds each engine's profile into one that
-satisfies the same contract (kernels/profile_contract.py), so the target is chosen over the fleet.
+satisfies the same contract (kernelloop/common/profile_contract.py), so the target is chosen over the fleet.
 
 Each engine's seconds are counted per generated token of its profile and then weighted by the tokens
 that engine serves (`served_tokens`; default: the tokens it generated while profiled), so an op's
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.profile_contract import Profile, ProfileRow, ShapeSeen
+from kernelloop.common.errors import KernelloopError
+from kernelloop.common.profile_contract import Profile, ProfileRow, ShapeSeen
 
 
 def merge_profiles(profiles: Sequence[Profile], served_tokens: Sequence[float] | None = None) -> Profile:

@@ -1,6 +1,6 @@
 """The profile: one dict (JSON-ready) that `agent profile` prints, history stores and the agent reads.
 
-Its keys are typed once, in kernels/profile_contract.py (`Profile`, `ProfileRow`, `ShapeSeen`, one
+Its keys are typed once, in kernelloop/common/profile_contract.py (`Profile`, `ProfileRow`, `ShapeSeen`, one
 comment per field), re-exported here; `assemble()` builds it from a Recorder's raw figures
 (profiler/analysis.py makes the rows).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Mapping, cast
 
+from kernelloop.common.profile_contract import Profile, ProfileRow, ShapeSeen
 from kernelloop.kernels.device import CPU_INTERPRETER
-from kernelloop.kernels.profile_contract import Profile, ProfileRow, ShapeSeen
 from kernelloop.profiler.analysis import RatesFor, profile_rows, region_timing
 
 __all__ = ["Profile", "ProfileRow", "ShapeSeen", "assemble"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from kernelloop.kernels.progress import Step
+from kernelloop.common.progress import Step
 from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.registry.store import Registry
 from kernelloop.kernels.roofline import device_rates

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.spec import OpSpec, parse_dtype
 from kernelloop.kernels.target_compile import TARGETS, CompileResult, parse_targets
 from kernelloop.sandbox import wire

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
+from kernelloop.common.stats import median_interval
 from kernelloop.kernels import interpreter_bounds as bounds
 from kernelloop.kernels.candidate.runtime_purity import IMPURE
 from kernelloop.kernels.compare import Comparison, check_outputs
 from kernelloop.kernels.roofline import Rates
 from kernelloop.kernels.spec import OpSpec
-from kernelloop.kernels.stats import median_interval
 from kernelloop.sandbox.aliasing import overlap
 from kernelloop.sandbox.verdict import Check, Verdict
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kernelloop.kernels.errors import UnknownDtypeError
+from kernelloop.common.errors import UnknownDtypeError
 from kernelloop.kernels.spec import (
     CUDA_ENGINE_SHAPES,
     TOKEN_BUCKETS,

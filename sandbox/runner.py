@@ -29,15 +29,15 @@ from typing import Any
 
 import torch
 
+from kernelloop.common.errors import KernelloopError
+from kernelloop.common.progress import Progress, Step
 from kernelloop.kernels.candidate.canonical import canonical_problem
 from kernelloop.kernels.candidate.runtime_purity import IMPURE
 from kernelloop.kernels.candidate.source_text import read_source
 from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.compare import Comparison
 from kernelloop.kernels.device import device_fingerprint
-from kernelloop.kernels.errors import KernelloopError
 from kernelloop.kernels.ops import get_op
-from kernelloop.kernels.progress import Progress, Step
 from kernelloop.kernels.spec import OpSpec
 from kernelloop.sandbox import batch_invariance, wire
 from kernelloop.sandbox import judge as judging

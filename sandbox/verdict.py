@@ -111,8 +111,8 @@ def judge_or_refuse(sandbox: Any, op: str, source: str, filename: str) -> Verdic
     a `static` verdict, so `agent check` prints it, and a tune run records it and goes on (also after a
     resume). Failures of the machine (OSError, KernelloopError: no confinement, a broken registry) still
     raise: they are not the candidate's, and recording them would condemn it."""
+    from kernelloop.common.errors import KernelloopError
     from kernelloop.kernels.display import storable_text
-    from kernelloop.kernels.errors import KernelloopError
     from kernelloop.kernels.registry.entry import sha256_text
 
     try:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
+from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import Proposal
 from kernelloop.agent.proposers.llm import LLMProposer
 from kernelloop.history import History

@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune, unfinished_run
-from kernelloop.agent.loop.state import GateConfig, TuneSettings
+from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import Proposal
 from kernelloop.agent.proposers.llm import classify_answer
 from kernelloop.agent.proposers.prompts import bare_code
+from kernelloop.common.errors import KernelloopError
 from kernelloop.history import History
-from kernelloop.kernels.errors import KernelloopError
 from kernelloop.kernels.registry import Registry
 from kernelloop.sandbox import Sandbox
 from kernelloop.sandbox.verdict import judge_or_refuse

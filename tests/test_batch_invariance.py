@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kernelloop.common.errors import RegistryError
 from kernelloop.kernels import deterministic as det
 from kernelloop.kernels import interpreter_autotune
 from kernelloop.kernels.dispatch import Dispatcher
-from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.ops import OPS, get_op
 from kernelloop.kernels.registry.entry import ANY_BUCKET, Entry, Provenance
 from kernelloop.sandbox.batch_invariance import CPU_STRATA, CUDA_STRATA, draw_batches, probe

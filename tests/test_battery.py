@@ -382,7 +382,7 @@ def test_which_dtype_a_rotating_case_lands_in_is_drawn_from_the_secret_seed():
 
 
 def test_a_candidate_is_timed_in_a_dtype_it_is_judged_in():
-    from kernelloop.kernels.errors import UnknownDtypeError
+    from kernelloop.common.errors import UnknownDtypeError
     from kernelloop.sandbox.options import CheckOptions
     from kernelloop.sandbox.plan import make_plan
 

@@ -194,7 +194,7 @@ def test_the_gpu_benches_shapes_only_model_tells_prompts_apart(tmp_path):
     so different prompts are different tokens (not all the unknown token, which the prefix cache
     would then serve as one prompt), and a random-weight engine runs on it."""
     from kernelloop.agent.gate import prompt_ids
-    from kernelloop.agent.loop.state import GATE_PROMPTS
+    from kernelloop.agent.gate_config import GATE_PROMPTS
     from kernelloop.engine.engine import Engine, EngineConfig
 
     from bench.engine_gpu import LLAMA3_8B, write_model_dir

@@ -258,7 +258,7 @@ def test_without_cluster_there_is_no_pool_and_workers_alone_are_refused() -> Non
     import argparse
 
     from kernelloop.agent.commands.common_args import open_pool
-    from kernelloop.kernels.errors import KernelloopError
+    from kernelloop.common.errors import KernelloopError
 
     assert open_pool(argparse.Namespace(cluster=None, cluster_workers=None), "cpu") is None
     with pytest.raises(KernelloopError, match="--cluster-workers needs --cluster"):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.ops import get_op
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.compile_check import CompileCheck, compile_setup

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+from kernelloop.common.errors import RegistryError
 from kernelloop.kernels import OPS, get_op
 from kernelloop.kernels.dispatch import Dispatcher
-from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.registry import ANY_BUCKET
 
 from tests.registry_support import commit_by_hand

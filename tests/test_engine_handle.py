@@ -11,14 +11,14 @@ import torch
 
 from kernelloop.agent.engine_handle import EngineHandle, check_handle
 from kernelloop.agent.gate import Measurement, alternate_speed, mean_kl, prompt_ids, summary
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.loop.context import LoopContext
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
 from kernelloop.agent.remote import RemoteEngine, decode_measurement
+from kernelloop.common.errors import KernelloopError
+from kernelloop.common.progress import Step
 from kernelloop.engine.gate_measure import GateMeasurement, to_wire
 from kernelloop.history import History
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.progress import Step
 from kernelloop.kernels.registry import Registry
 
 from tests.hf_checkpoints import make_checkpoint

@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from kernelloop.agent.fleet import FleetEngine
-from kernelloop.agent.loop.state import GateConfig
+from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.loop.target import choose_target
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.profile_contract import Profile
+from kernelloop.common.errors import KernelloopError
+from kernelloop.common.profile_contract import Profile
 from kernelloop.kernels.registry import Registry
 from kernelloop.profiler.merge import merge_profiles
 from kernelloop.profiler.profile import assemble

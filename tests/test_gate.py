@@ -12,7 +12,7 @@ import random
 import pytest
 
 from kernelloop.agent.gate import alternate_speed, judge
-from kernelloop.agent.loop.state import GateConfig
+from kernelloop.agent.gate_config import GateConfig
 
 SUMMARY = {"greedy": [[1, 2, 3]], "kl": 1e-6, "tokens_per_second": 10.0}
 

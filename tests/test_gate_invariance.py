@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from kernelloop.agent.gate import judge, summary
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.loop.context import LoopContext
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from kernelloop.agent.gate import judge, summary
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.loop.context import LoopContext
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
 from kernelloop.agent.runaway import MIN_REPEATS
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from kernelloop.agent.gate import judge, summary
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.loop.context import LoopContext
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
 from kernelloop.agent.task_suite import BUNDLED
 from kernelloop.engine.errors import ModelLoadError
 from kernelloop.engine.model_source import resolve_model_dir

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from kernelloop.agent.gate import judge
+from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.invariance import first_divergence, invariance_rows
-from kernelloop.agent.loop.state import GateConfig
 
 SAME = {"alone": [[1, 2, 3], [4, 5, 6]], "batch": [[1, 2, 3], [4, 5, 6]], "hit": [[1, 2, 3], [4, 5, 6]],
         "cached": [2, 3]}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.ops import OP_PACKAGES_ENV, discover, extra_packages, op_import_roots
 
 SPEC_MODULE = '''"""toy(x) -> y = 2 * x, x [rows, n]: the spec."""

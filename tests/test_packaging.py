@@ -23,7 +23,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ("agent", "kernels", "engine", "profiler", "sandbox", "history")
+# kernelloop.common: the plumbing every layer imports; it lives inside the kernelloop/ folder itself.
+COMMON = "common"
 PYTHON_FOLDERS = (*LAYERS, "kernelloop", "bench", "tests")
+
+
+def _folder(layer: str) -> Path:
+    return REPO / "kernelloop" / COMMON if layer == COMMON else REPO / layer
 
 
 def _python_files(folders=PYTHON_FOLDERS):
@@ -47,7 +53,10 @@ def test_pyproject_installs_every_folder_under_kernelloop():
     packages = set(config["packages"])
     on_disk = {"kernelloop"} | {
         "kernelloop." + ".".join(init.parent.relative_to(REPO).parts)
-        for layer in LAYERS for init in (REPO / layer).rglob("__init__.py")}
+        for layer in LAYERS for init in (REPO / layer).rglob("__init__.py")} | {
+        "kernelloop." + ".".join(init.parent.relative_to(REPO / "kernelloop").parts)
+        for init in (REPO / "kernelloop").rglob("*/__init__.py")}
+    assert f"kernelloop.{COMMON}" in on_disk
     assert packages == on_disk, f"add to pyproject.toml: {sorted(on_disk - packages)}; remove: {sorted(packages - on_disk)}"
     assert config["package-dir"] == {"kernelloop": "kernelloop", **{f"kernelloop.{x}": x for x in LAYERS}}
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
@@ -64,23 +73,28 @@ def test_no_file_imports_a_bare_top_level_name():
 
 
 def _rule_in_architecture() -> dict[str, set[str]]:
-    """The `layer -> {a, b}` / `layer -> a` pairs of ARCHITECTURE.md's dependency paragraph."""
+    """The `layer -> {a, b}` / `layer -> a` pairs of ARCHITECTURE.md's dependency paragraph, plus `common`
+    for every layer when the paragraph says every layer imports it (and common itself imports none)."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
     paragraph = text.split("Dependencies point one way:", 1)[1].split("\n\n", 1)[0]
-    rule: dict[str, set[str]] = {layer: set() for layer in LAYERS}
+    rule: dict[str, set[str]] = {layer: set() for layer in (*LAYERS, COMMON)}
     for source, targets in re.findall(r"`(\w+) -> (\{[^}]*\}|\w+)", paragraph):
         rule[source] |= {t.strip() for t in targets.strip("{}").split(",")}
+    if "which every layer imports and which imports none of them" in " ".join(paragraph.split()):
+        for layer in LAYERS:
+            rule[layer].add(COMMON)
     return rule
 
 
 def _imports_between_layers() -> dict[str, dict[str, str]]:
-    """layer -> {imported layer: one file:line that does it}."""
+    """layer -> {imported layer: one file:line that does it}; `common` (kernelloop/common/) counts as a layer."""
     found: dict[str, dict[str, str]] = defaultdict(dict)
-    for layer in LAYERS:
-        for path in (REPO / layer).rglob("*.py"):
+    for layer in (*LAYERS, COMMON):
+        for path in _folder(layer).rglob("*.py"):
             for line, name in _imported_modules(ast.parse(path.read_text())):
                 parts = name.split(".")
-                if parts[0] == "kernelloop" and len(parts) > 1 and parts[1] in LAYERS and parts[1] != layer:
+                if (parts[0] == "kernelloop" and len(parts) > 1 and parts[1] in (*LAYERS, COMMON)
+                        and parts[1] != layer):
                     found[layer].setdefault(parts[1], f"{path.relative_to(REPO)}:{line}")
     return found
 
@@ -88,7 +102,8 @@ def _imports_between_layers() -> dict[str, dict[str, str]]:
 def test_architecture_dependency_rule_is_what_the_code_imports():
     rule, actual = _rule_in_architecture(), _imports_between_layers()
     assert rule["agent"], "ARCHITECTURE.md's dependency paragraph was not found"
-    for layer in LAYERS:
+    assert not rule[COMMON], "common imports none of the layers"
+    for layer in (*LAYERS, COMMON):
         unlisted = {target: where for target, where in actual[layer].items() if target not in rule[layer]}
         assert not unlisted, f"{layer} imports layers the rule does not allow: {unlisted}"
         unused = rule[layer] - set(actual[layer])
@@ -102,8 +117,14 @@ def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
     for layer in LAYERS:
         (fake / layer).mkdir(parents=True)
     (fake / "kernels" / "bad.py").write_text("def f():\n    from kernelloop.engine.engine import Engine\n")
+    # And common, which every layer imports, imports none of them: not even the op library.
+    (fake / "kernelloop" / COMMON).mkdir(parents=True)
+    (fake / "kernelloop" / COMMON / "bad.py").write_text("from kernelloop.common import errors\n"
+                                                         "from kernelloop import kernels\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", fake)
-    assert _imports_between_layers()["kernels"] == {"engine": "kernels/bad.py:2"}
+    found = _imports_between_layers()
+    assert found["kernels"] == {"engine": "kernels/bad.py:2"}
+    assert found[COMMON] == {"kernels": "kernelloop/common/bad.py:2"}
 
 
 def test_the_wheel_holds_only_the_kernelloop_package(tmp_path):
@@ -122,6 +143,7 @@ def test_the_wheel_holds_only_the_kernelloop_package(tmp_path):
     top = {name.split("/")[0] for name in names}
     assert top == {"kernelloop", next(t for t in top if t.endswith(".dist-info"))}, top
     assert "kernelloop/kernels/ops/rmsnorm.py" in names and "kernelloop/agent/cli.py" in names
+    assert "kernelloop/common/errors.py" in names
     assert "agent = kernelloop.agent.cli:main" in entry_points
 
 

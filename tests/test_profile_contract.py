@@ -1,4 +1,4 @@
-"""The profile's one typed definition (kernels/profile_contract.py): what `assemble()` returns is what
+"""The profile's one typed definition (kernelloop/common/profile_contract.py): what `assemble()` returns is what
 the TypedDicts declare, key for key and type for type, and history stores exactly the declared columns."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from typing import Any, Literal, NotRequired, TypedDict, get_args, get_origin
 
 import pytest
 
-from kernelloop.history import History
-from kernelloop.kernels import profile_contract
-from kernelloop.kernels.profile_contract import (
+from kernelloop.common import profile_contract
+from kernelloop.common.profile_contract import (
     PROFILE_COLUMNS,
     PROFILE_JSON_ONLY,
     PROFILE_ROW_COLUMNS,
@@ -22,6 +21,7 @@ from kernelloop.kernels.profile_contract import (
     ProfileRow,
     ShapeSeen,
 )
+from kernelloop.history import History
 from kernelloop.kernels.roofline import Rates
 from kernelloop.profiler.profile import assemble
 
@@ -117,7 +117,7 @@ def _table_columns(path: Path, table: str) -> set[str]:
 
 def test_history_tables_hold_exactly_the_declared_columns(tmp_path: Path) -> None:
     """A key added to Profile or ProfileRow is either a new history column (a migration) or listed
-    as JSON-only in kernels/profile_contract.py: never silently dropped."""
+    as JSON-only in kernelloop/common/profile_contract.py: never silently dropped."""
     path = tmp_path / "h.db"
     assert _table_columns(path, "profiles") == {*PROFILE_COLUMNS, "id", "raw_json"}
     assert _table_columns(path, "profile_ops") == {*PROFILE_ROW_COLUMNS, "id", "profile_id", "shapes_json"}

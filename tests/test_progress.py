@@ -14,7 +14,7 @@ from rich.console import Console
 
 from kernelloop.agent.progress_view import ProgressView
 from kernelloop.agent.render import throttled
-from kernelloop.kernels.progress import Step, prefixed, takes_every_step
+from kernelloop.common.progress import Step, prefixed, takes_every_step
 
 BATTERY = [Step("trial 1/3 (float32 a)", "sandbox battery", 1, 3), Step("trial 2/3 (float32 b)", "sandbox battery", 2, 3),
            "checking cand_b", Step("trial 1/3 (float32 a)", "sandbox battery", 1, 3)]

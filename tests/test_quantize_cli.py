@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernelloop.agent import cli
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.quantize import apply
 from kernelloop.history import History
 from kernelloop.kernels.ops import baseline_source

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernelloop.agent.gate import greedy_agreement, judge
+from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.local_engine import LocalEngine
-from kernelloop.agent.loop.state import GateConfig
 from kernelloop.agent.quantize.apply import Judged, scoped_entries, workload_prompts
 from kernelloop.agent.quantize.measure import Quality, Sensitivity, calibrate, compare, quality, sensitivities
 from kernelloop.agent.quantize.selection import greedy, ladder, select

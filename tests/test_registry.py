@@ -10,8 +10,8 @@ import git
 import pytest
 import torch
 
+from kernelloop.common.errors import RegistryError
 from kernelloop.kernels import get_op
-from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.registry import ANY_BUCKET, Provenance, Registry
 from kernelloop.kernels.registry.entry import sha256_text
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernelloop.common.stats import median_interval
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.roofline import Rates
-from kernelloop.kernels.stats import median_interval
 from kernelloop.sandbox.judge import DECIDED, judge_call, judge_replays, judge_timing, next_order
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.plan import harness_memory_mb, make_plan

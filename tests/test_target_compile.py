@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.target_compile import CompileResult, parse_ptxas_log, parse_targets
 from kernelloop.sandbox.executables import ptxas
 

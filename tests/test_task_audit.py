@@ -1,4 +1,4 @@
-"""The task audit's parts (agent/task_suite.py, agent/task_audit.py, kernels/stats.py paired_ratio_interval):
+"""The task audit's parts (agent/task_suite.py, agent/task_audit.py, kernelloop/common/stats.py paired_ratio_interval):
 the suite loader's one-line errors, the answer checks per kind, and the after/before verdict. Fast: no model."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from kernelloop.agent.gate import judge
-from kernelloop.agent.loop.state import GateConfig
+from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.task_audit import accuracy, check, compare, first_json, first_wrong, score
 from kernelloop.agent.task_suite import SuiteError, TaskItem, load_suite
-from kernelloop.kernels.stats import paired_ratio_interval
+from kernelloop.common.stats import paired_ratio_interval
 
 HEADER = {"suite": "t", "version": 1}
 CALL = {"id": "c", "kind": "tool_call", "messages": [{"role": "user", "content": "Ship 907 to Lyon for Ann."}],
@@ -177,7 +177,7 @@ def test_gate_tasks_defaults_by_device_and_refuses_a_bad_suite_up_front(tmp_path
     import argparse
 
     from kernelloop.agent.commands.common_args import add_tune_arguments, gate_config
-    from kernelloop.kernels.errors import KernelloopError
+    from kernelloop.common.errors import KernelloopError
 
     p = argparse.ArgumentParser()
     add_tune_arguments(p)

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.loop.context import LoopContext
 from kernelloop.agent.loop.graph import run_tune, unfinished_run
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig, TuneSettings
+from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import Proposal
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry

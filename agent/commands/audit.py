@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelloop.agent.commands.common_args import add_history_argument, add_registry_argument
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 DEFAULT_EVERY_S = 30.0
 

@@ -23,7 +23,7 @@ from kernelloop.agent.commands.common_args import (
     open_pool,
 )
 from kernelloop.agent.render import print_table, throttled
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from kernelloop.agent.loop.state import GateConfig, TuneSettings
+from kernelloop.agent.gate_config import GateConfig
+from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import Proposer
+from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.device import DEVICES
-from kernelloop.kernels.errors import KernelloopError
 from kernelloop.sandbox.budget import DEFAULT_TIMEOUT_S
 from kernelloop.sandbox.options import CheckOptions
 

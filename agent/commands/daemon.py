@@ -17,7 +17,7 @@ from kernelloop.agent.commands.common_args import (
 )
 from kernelloop.agent.commands.tune import engine_target
 from kernelloop.agent.render import SafeFormatter
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 log = logging.getLogger("kernelloop.daemon")
 

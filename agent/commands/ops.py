@@ -8,7 +8,7 @@ import time
 
 from kernelloop.agent.commands.common_args import add_device_argument
 from kernelloop.agent.render import print_json, print_table
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 # The op table (torch, Triton) is loaded when the command runs: `agent --help` stays fast.
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from kernelloop.agent.commands.common_args import add_device_argument, add_history_argument
 from kernelloop.agent.render import print_json, print_table
-from kernelloop.kernels.errors import KernelloopError
-from kernelloop.kernels.progress import Progress
+from kernelloop.common.errors import KernelloopError
+from kernelloop.common.progress import Progress
 from kernelloop.profiler.workload import agent_workload
 
 

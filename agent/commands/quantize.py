@@ -21,7 +21,7 @@ from kernelloop.agent.commands.common_args import (
     positive_int,
 )
 from kernelloop.agent.render import print_json, print_table
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 DEFAULT_BUDGET = 0.05
 

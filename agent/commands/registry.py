@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from kernelloop.agent.commands.common_args import add_registry_argument
 from kernelloop.agent.render import console, print_json, print_table, warn
+from kernelloop.common.errors import RegistryError
 from kernelloop.kernels.display import safe_text
-from kernelloop.kernels.errors import RegistryError
 
 if TYPE_CHECKING:
     from kernelloop.kernels.registry import Registry

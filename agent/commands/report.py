@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from kernelloop.agent.commands.common_args import add_history_argument
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

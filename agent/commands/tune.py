@@ -29,8 +29,8 @@ from kernelloop.agent.commands.common_args import (
     tune_settings,
 )
 from kernelloop.agent.render import print_json, print_table
+from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.display import safe_text
-from kernelloop.kernels.errors import KernelloopError
 
 # torch, the engine, the loop and the history are imported where a command runs: `agent --help` stays fast.
 

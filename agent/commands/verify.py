@@ -19,7 +19,7 @@ from kernelloop.agent.commands.common_args import (
     open_pool,
 )
 from kernelloop.agent.render import print_json, print_table
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,14 +7,14 @@ from typing import Any, Callable
 
 from kernelloop.agent.engine_handle import EngineHandle, check_handle
 from kernelloop.agent.gate import Measurement, chat_ids, prompt_ids
+from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.local_engine import LocalEngine
-from kernelloop.agent.loop.state import GateConfig
 from kernelloop.agent.proposers.base import Proposer
 from kernelloop.agent.render import throttled
 from kernelloop.agent.task_audit import first_wrong
 from kernelloop.agent.task_suite import TaskSuite, load_suite
+from kernelloop.common.progress import prefixed
 from kernelloop.history import History
-from kernelloop.kernels.progress import prefixed
 from kernelloop.kernels.registry import Registry
 from kernelloop.profiler.workload import WorkloadRequest
 from kernelloop.sandbox import CheckOptions, Sandbox

@@ -34,7 +34,7 @@ import openai
 from kernelloop.agent.proposers.base import Feedback, Proposal, TuneContext
 from kernelloop.agent.proposers.feedback import PROPOSAL_STAGE, feedback_text, next_round_text, proposal_verdict
 from kernelloop.agent.proposers.prompts import SYSTEM_PROMPT, compact_task_prompt, task_prompt
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 
 __all__ = ["LLMEndpointError", "LLMProposer", "classify_answer", "extract_code", "feedback_text"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from kernelloop.agent.quantize.measure import Calibration, Quality, QuantizableEngine, Sensitivity, quality
 from kernelloop.agent.quantize.selection import Selection
-from kernelloop.kernels.progress import Progress
+from kernelloop.common.progress import Progress
 from kernelloop.kernels.quant import Scheme, scheme
 
 _LAYER = re.compile(r"layers\.(\d+)\.")

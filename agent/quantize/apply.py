@@ -19,9 +19,9 @@ from kernelloop.agent.gate import (
     mean_kl,
     summary,
 )
-from kernelloop.agent.loop.state import GATE_PROMPTS, GateConfig
-from kernelloop.kernels.errors import RegistryError
-from kernelloop.kernels.progress import Progress
+from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
+from kernelloop.common.errors import RegistryError
+from kernelloop.common.progress import Progress
 from kernelloop.kernels.quant import Scheme
 from kernelloop.kernels.registry import ANY_BUCKET, Entry, Provenance, Registry
 from kernelloop.kernels.registry.entry import sha256_text, utc_now

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kernelloop.kernels.progress import Progress, Step
+from kernelloop.common.progress import Progress, Step
 from kernelloop.kernels.quant import Scheme
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, continuation ids)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kernelloop.agent.quantize.measure import Quality, Sensitivity
-from kernelloop.kernels.progress import Progress
+from kernelloop.common.progress import Progress
 
 KL_FLOOR = 1e-9  # a solo KL (or a rung's extra KL) at or below this (rounding noise) ranks as this
 MAX_REPAIRS = 12

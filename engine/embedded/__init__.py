@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 from kernelloop import IMPORT_ROOT
+from kernelloop.common.paths import cache_root
 from kernelloop.engine.errors import ModelLoadError
 from kernelloop.engine.gguf_fetch import sha256_file
 from kernelloop.engine.tokenizer import render_chat_template
-from kernelloop.kernels.paths import cache_root
 
 from .bpe import BOS, CHAT_TEMPLATE, EOS, train_tokenizer
 from .corpus import Document, generate_corpus

@@ -29,7 +29,7 @@ from kernelloop.kernels.device import configure_triton
 
 configure_triton()  # before any kernel module: Triton decides compiled or interpreted when a kernel is decorated
 
-from kernelloop.kernels.errors import KernelloopError, UnknownOpError  # noqa: E402
+from kernelloop.common.errors import KernelloopError, UnknownOpError  # noqa: E402
 from kernelloop.kernels.spec import OpSpec  # noqa: E402
 
 OP_PACKAGES_ENV = "KERNELLOOP_OP_PACKAGES"

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from kernelloop.kernels.errors import RegistryError
+from kernelloop.common.errors import RegistryError
 
 ANY_BUCKET = "*"  # an entry that serves every shape of its (op, device, dtype)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from kernelloop.common.errors import RegistryError
 from kernelloop.kernels.candidate.loader import LoadError, load_kernel
-from kernelloop.kernels.errors import RegistryError
 from kernelloop.kernels.registry.entry import sha256_text
 
 _loaded: dict[tuple[str, str | None], Callable] = {}  # (sha256, op) -> forward; Triton kernels compile once per process

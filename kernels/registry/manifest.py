@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from kernelloop.kernels.errors import RegistryError
+from kernelloop.common.errors import RegistryError
 from kernelloop.kernels.registry.entry import Entry
 
 FORMAT = 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from kernelloop.kernels.errors import RegistryError
+from kernelloop.common.errors import RegistryError
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:

@@ -18,8 +18,8 @@ from typing import Callable, Iterator
 
 import git
 
-from kernelloop.kernels.errors import RegistryError
-from kernelloop.kernels.paths import data_path
+from kernelloop.common.errors import RegistryError
+from kernelloop.common.paths import data_path
 from kernelloop.kernels.registry.entry import Entry, Provenance, select_entry, sha256_text, utc_now
 from kernelloop.kernels.registry.loader import load_forward
 from kernelloop.kernels.registry.manifest import MANIFEST_NAME, atomic_write, parse_manifest, render_manifest

@@ -34,7 +34,7 @@ class Judge:
     def judge(self, op: str, source: str, label: str, options: dict[str, Any]) -> dict[str, Any]:
         """The verdict's JSON (Verdict.to_json()), or {"machine_error": line} when this machine cannot
         judge (no confinement, a broken setup): that is not the candidate's doing."""
-        from kernelloop.kernels.errors import KernelloopError
+        from kernelloop.common.errors import KernelloopError
         from kernelloop.sandbox.options import CheckOptions
         from kernelloop.sandbox.runner import Sandbox
         from kernelloop.sandbox.verdict import judge_or_refuse

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernelloop.kernels.errors import KernelloopError
+from kernelloop.common.errors import KernelloopError
 from kernelloop.sandbox.options import CheckOptions
 
 

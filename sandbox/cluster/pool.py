@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kernelloop.kernels.progress import Progress
+from kernelloop.common.progress import Progress
 from kernelloop.sandbox.cluster.actor import Judge
 from kernelloop.sandbox.cluster.jobs import ActorInfo, ClusterJob, ClusterUnavailable
 from kernelloop.sandbox.cluster.session import connect, import_ray

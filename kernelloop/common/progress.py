@@ -6,7 +6,8 @@ candidate's deadline, profile requests done, gate rounds) passes a `Step`, which
 text is the line a log shows) carrying `task`, `done` and `total` too. So any consumer of plain
 strings keeps working, and a terminal's display (agent/progress_view.py) can draw one bar per task.
 
-This module lives in `kernels`, the lowest layer, so that sandbox/ and profiler/ can both emit Steps.
+This module lives in `kernelloop.common`, which every layer may import, so that the sandbox, the profiler
+and the agent all emit the same Steps.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ HTTP), so its contract is a set of TypedDicts: `Profile` (the summary and its `r
 was called in). profiler/profile.py `assemble()` makes it; history/store.py stores it; the agent's
 target choice, `agent profile` and the report read it.
 
-It lives in kernels/ because history may import only kernels (docs/ARCHITECTURE.md). Which keys
+It lives in kernelloop/common/, which every layer may import (docs/ARCHITECTURE.md). Which keys
 are history columns is said here as well: every declared key is a column except those in
 `PROFILE_JSON_ONLY` / `ROW_JSON_ONLY` (kept only in the profile's raw JSON). A key added to a
 TypedDict is therefore either added to history's schema (a migration) or to one of those sets;

@@ -191,24 +191,31 @@ def test_a_commit_left_gating_by_a_killed_run_is_rolled_back_by_the_next_run(cap
     assert "never finished" in rollbacks[0]["detail"]["why"]
 
 
-def test_the_budget_gates_kl_is_teacher_forced_along_the_references_tokens():
+def test_the_budget_gates_kl_is_teacher_forced_on_the_gate_and_held_out_prompts():
     """Once a quantized engine's greedy token differs from the reference's, its own generation continues another
-    text; the budget gate's KL compares its distributions along the reference's tokens instead (the free-running
-    comparison measured a SmolLM2 selection of 0.02 nats at 6.5 nats)."""
+    text; the budget gate's KL compares the served engine's distributions along the reference's tokens instead
+    (the free-running comparison measured a SmolLM2 selection of 0.02 nats at 6.5 nats), over the gate prompts
+    and the selection's held-out prompts, every position weighing the same."""
     from kernelloop.agent.gate import Measurement
+    from kernelloop.agent.quantize.measure import Calibration
 
-    vocab = 8
-    ref_rows = torch.log_softmax(torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)), -1).double()
-    reference = Measurement([[1, 2, 3]], [ref_rows], 1.0)
-    drifted = Measurement([[4, 5, 6]], [torch.log_softmax(torch.randn(3, vocab), -1).double()], 1.0)
+    g = torch.Generator().manual_seed(0)
+    rows = lambda n: torch.log_softmax(torch.randn(n, 8, generator=g), -1)  # noqa: E731
+    gate_rows, held_rows, held_served = rows(3), rows(5), rows(5)
+    reference = Measurement([[1, 2, 3]], [gate_rows.double()], 1.0)
+    drifted = Measurement([[4, 5, 6]], [rows(3).double()], 1.0)  # its own text after the first token
+    held_out = Calibration([([9, 9, 9], [1, 1, 2, 3, 5])], [held_rows])
 
-    class Engine:
+    class Forced:
+        def __init__(self, answers):
+            self.answers = answers
+
         def forced_logprobs(self, pairs):
-            assert pairs == [([7, 7], [1, 2, 3])]  # the prompt and the reference's greedy tokens
-            return [ref_rows.float() + 0.0]
+            return [self.answers[tuple(p)] for p, _ in pairs]
 
     class Ctx:
-        engine = Engine()
+        engine = Forced({(7, 7): gate_rows, (9, 9, 9): held_served})
+        reference = Forced({(7, 7): gate_rows})
 
         def measure_reference(self):
             return reference
@@ -228,5 +235,8 @@ def test_the_budget_gates_kl_is_teacher_forced_along_the_references_tokens():
         def task_audit(self):
             return None
 
-    out = apply.gate_summary(Ctx())
-    assert out["greedy"] == [[4, 5, 6]] and abs(out["kl"]) < 1e-6
+    alone = apply.gate_summary(Ctx())
+    assert alone["greedy"] == [[4, 5, 6]] and abs(alone["kl"]) < 1e-9 and alone["kl_positions"] == 3
+    both = apply.gate_summary(Ctx(), held_out)
+    held_kl = float((held_rows.exp() * (held_rows - held_served)).sum())  # summed over the 5 held-out positions
+    assert both["kl_positions"] == 8 and abs(both["kl"] - held_kl / 8) < 1e-6

@@ -134,7 +134,7 @@ def quantize(args: argparse.Namespace, device: str, schemes: list[Any], history:
     elif args.dry_run:
         report.update(status="dry-run", reason="--dry-run: nothing judged or committed")
     else:
-        commit_and_gate(args, device, schemes, report, selection.plan, history, progress)
+        commit_and_gate(args, device, schemes, report, selection.plan, history, progress, held_out)
     if report["commit"] is None:  # a committed run recorded itself before its gate
         record(history, report)
     return report
@@ -148,9 +148,9 @@ def record(history: Any, report: dict[str, Any]) -> None:
 
 
 def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], report: dict[str, Any],
-                    plan: dict[str, str], history: Any, progress: Any) -> None:
-    """Judge the used schemes' baselines, commit the selection, gate it; roll back when the gate fails.
-    Fills report's status, reason, commit and gate."""
+                    plan: dict[str, str], history: Any, progress: Any, held_out: Any = None) -> None:
+    """Judge the used schemes' baselines, commit the selection, gate it (its KL on the gate prompts and on the
+    `held_out` measure.Calibration); roll back when the gate fails. Fills report's status, reason, commit and gate."""
     from kernelloop.agent.loop.context import LoopContext
     from kernelloop.agent.quantize.apply import (
         commit_selection,
@@ -174,13 +174,13 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
     ctx = LoopContext(history=history, registry=registry, proposers={}, device=device, model=args.model,
                       gate=light_gate(report["budget"], device), progress=progress)
     try:
-        before = gate_summary(ctx)
+        before = gate_summary(ctx, held_out)
         sha = commit_selection(registry, plan, judged, report["device"], report["dtype"], report["budget"])
         report.update(commit=sha, status="gating", reason="")
         record(history, report)
         progress(f"committed {len(plan)} scoped entries ({sha[:10]}); gating in budget mode")
         try:
-            result, speed = gate_commit(ctx, before, sha, interpreted=device == "cpu")
+            result, speed = gate_commit(ctx, before, sha, interpreted=device == "cpu", held_out=held_out)
         except BaseException as exc:  # an unfinished gate never leaves its commit serving
             why = f"the gate did not finish: {type(exc).__name__}: {exc}".splitlines()[0][:300]
             registry.rollback(sha)

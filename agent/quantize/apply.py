@@ -12,14 +12,13 @@ from typing import Any
 from kernelloop.agent.gate import (
     GateResult,
     HasTokenizer,
-    Measurement,
     alternate_speed,
     chat_ids,
     judge,
-    mean_kl,
     summary,
 )
 from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
+from kernelloop.agent.quantize.measure import compare
 from kernelloop.common.errors import RegistryError
 from kernelloop.common.progress import Progress
 from kernelloop.kernels.quant import Scheme
@@ -108,24 +107,31 @@ def commit_selection(registry: Registry, plan: dict[str, str], judged: dict[str,
                                    f"quantize: {len(plan)} projections ({what}) under a KL budget of {budget:g} nats")
 
 
-def gate_summary(ctx: Any) -> dict[str, Any]:
-    """The gate's summary of the engine as it serves now (before the commit, and at it), with its KL teacher-forced: the engine's distributions
-    along the reference's greedy tokens. (From the first token a quantized engine chooses differently, its own
-    generation continues another text, and comparing distributions position by position compares different
-    contexts: nats, not hundredths.) `ctx`: a LoopContext over an in-process engine (LocalEngine)."""
+def gate_summary(ctx: Any, held_out: Any = None) -> dict[str, Any]:
+    """The gate's summary of the engine as it serves now (before the commit, and at it), its KL teacher-forced:
+    the served engine's distributions along the reference's greedy tokens, on the gate prompts and on the
+    selection's held-out prompts (`held_out`, a measure.Calibration: the workload the budget is about, many
+    positions for one forward each). From the first token a quantized engine chooses differently its own
+    generation continues another text, so a free-running comparison compares different contexts. "kl" is the
+    mean over every position, "kl_positions" their count, "forced_agreement" the share of positions whose
+    argmax is the reference's. `ctx`: a LoopContext over an in-process engine (LocalEngine)."""
     reference = ctx.measure_reference()
     out = summary(reference, ctx.measure_engine(), long=ctx.long_generations(), invariance=ctx.batch_invariance(),
                   tasks=ctx.task_audit())
-    forced = ctx.engine.forced_logprobs(list(zip(ctx.prompt_ids(), reference.greedy)))
-    out["kl"] = mean_kl(reference, Measurement(reference.greedy, forced, 0.0))
+    pairs = list(zip(ctx.prompt_ids(), reference.greedy))
+    want = ctx.reference.forced_logprobs(pairs)
+    if held_out is not None:
+        pairs, want = pairs + list(held_out.pairs), want + list(held_out.reference)
+    quality = compare(want, ctx.engine.forced_logprobs(pairs))
+    out.update(kl=quality.kl, kl_positions=quality.positions, forced_agreement=quality.agreement)
     return out
 
 
-def gate_commit(ctx: Any, before: dict[str, Any], commit_sha: str, interpreted: bool) -> tuple[GateResult, dict[str, Any]]:
+def gate_commit(ctx: Any, before: dict[str, Any], commit_sha: str, interpreted: bool, held_out: Any = None) -> tuple[GateResult, dict[str, Any]]:
     """Reload at HEAD (the commit), measure, alternate the speed between the commit's parent and the commit,
     and judge in budget mode. Returns the result and the speed rounds."""
     ctx.reload()
-    after = gate_summary(ctx)
+    after = gate_summary(ctx, held_out)
     rounds = ctx.gate.speed_rounds
     ctx.progress(f"end-to-end gate: tokens/s before and after, {rounds} alternated round{'s' if rounds != 1 else ''}")
     measure_at = ctx.tokens_per_second_at

@@ -14,7 +14,8 @@
 # would crash on the GPU crashes here first. Compiling every kernel for sm90 is CI's separate
 # `python -m bench.compile_targets --check` (see .ci/run).
 #
-# Use another interpreter with PYTHON=.venv/bin/python bench/gpu_check.sh OUT_DIR.
+# Use another interpreter with PYTHON=.venv/bin/python bench/gpu_check.sh OUT_DIR; run some steps only
+# with GPU_CHECK_STEPS=NAME,NAME (the summary lists the steps that ran).
 # To add a step, append one line to the STEPS section:  step NAME TIMEOUT_S "WHAT IT PROVES" CMD [ARGS...]
 # (NAME becomes OUT_DIR/NAME.log; a step that writes docs/benchmarks/*.md gets copied automatically).
 
@@ -81,9 +82,12 @@ TIMES=()
 PROVED=()
 FAILED=0
 
+ONLY=",${GPU_CHECK_STEPS:-},"  # GPU_CHECK_STEPS=sandbox-gpu,tune-gpu: only these steps (a short lease)
+
 step() {  # step NAME TIMEOUT_S "WHAT IT PROVES" CMD [ARGS...]
     local name=$1 limit=$2 proves=$3
     shift 3
+    [[ $ONLY == ",," || $ONLY == *",$name,"* ]] || return 0
     local left=$((BUDGET_S - ($(date +%s) - START)))
     local status t0 rc
     t0=$(date +%s)

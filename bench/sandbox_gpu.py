@@ -165,6 +165,8 @@ def row_of(case: Case, v: Verdict | None, static: str, ok: bool, error: str = ""
         row["verdict"] = error[:120]
     elif v is not None:
         row["verdict"] = "accepted" if v.accepted else (v.failure or "correct")
+        if v.failure:  # what went wrong, in the verdict's words: a GPU lease has one try to learn it
+            row["verdict"] += f": {' '.join(v.reason.split())}"[:160]
     row["check"] = "ok" if ok else "FAILED"
     return row
 

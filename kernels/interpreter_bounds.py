@@ -189,11 +189,17 @@ def checking(launch: Launch) -> Iterator[Launch]:
         raise OutOfBounds(launch.violation)
 
 
+# The interpreter's memory entry points, as each supported Triton spells them (3.6: cache_modifier and
+# eviction_policy; 3.7 on: cache_policy). Every load and store the interpreter does (plain, block-pointer,
+# tensor-descriptor) funnels into these four; the wrappers below read only the leading arguments, which
+# every listed signature shares, and pass the rest through unchanged.
 _EXPECTED = {
-    "create_masked_load": ["self", "ptrs", "mask", "other", "cache_policy", "is_volatile"],
-    "create_masked_store": ["self", "ptrs", "value", "mask", "cache_policy"],
-    "create_atomic_rmw": ["self", "rmwOp", "ptr", "val", "mask", "sem", "scope"],
-    "create_atomic_cas": ["self", "ptr", "cmp", "val", "sem", "scope"],
+    "create_masked_load": (["self", "ptrs", "mask", "other", "cache_policy", "is_volatile"],
+                           ["self", "ptrs", "mask", "other", "cache_modifier", "eviction_policy", "is_volatile"]),
+    "create_masked_store": (["self", "ptrs", "value", "mask", "cache_policy"],
+                            ["self", "ptrs", "value", "mask", "cache_modifier", "eviction_policy"]),
+    "create_atomic_rmw": (["self", "rmwOp", "ptr", "val", "mask", "sem", "scope"],),
+    "create_atomic_cas": (["self", "ptr", "cmp", "val", "sem", "scope"],),
 }
 _INSTALLED: list[bool] = []
 
@@ -206,31 +212,31 @@ def install() -> None:
     from triton.runtime import interpreter
 
     builder = interpreter.InterpreterBuilder
-    for name, params in _EXPECTED.items():
-        if list(inspect.signature(getattr(builder, name)).parameters) != params:
+    for name, known in _EXPECTED.items():
+        if list(inspect.signature(getattr(builder, name)).parameters) not in [list(k) for k in known]:
             raise RuntimeError(f"Triton's interpreter changed: InterpreterBuilder.{name} has an unexpected signature")
     load, store = builder.create_masked_load, builder.create_masked_store
     rmw, cas = builder.create_atomic_rmw, builder.create_atomic_cas
 
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):  # noqa: ANN001, ANN202
+    def create_masked_load(self, ptrs, mask, *rest, **kwargs):  # noqa: ANN001, ANN202
         if _ACTIVE:
             _ACTIVE[-1].check(ptrs, mask, "load from")
-        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+        return load(self, ptrs, mask, *rest, **kwargs)
 
-    def create_masked_store(self, ptrs, value, mask, cache_policy):  # noqa: ANN001, ANN202
+    def create_masked_store(self, ptrs, value, mask, *rest, **kwargs):  # noqa: ANN001, ANN202
         if _ACTIVE:
             _ACTIVE[-1].check(ptrs, mask, "store to")
-        return store(self, ptrs, value, mask, cache_policy)
+        return store(self, ptrs, value, mask, *rest, **kwargs)
 
-    def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):  # noqa: ANN001, ANN202, N803
+    def create_atomic_rmw(self, rmwOp, ptr, val, mask, *rest, **kwargs):  # noqa: ANN001, ANN202, N803
         if _ACTIVE:
             _ACTIVE[-1].check(ptr, mask, "atomic on")
-        return rmw(self, rmwOp, ptr, val, mask, sem, scope)
+        return rmw(self, rmwOp, ptr, val, mask, *rest, **kwargs)
 
-    def create_atomic_cas(self, ptr, cmp, val, sem, scope):  # noqa: ANN001, ANN202
+    def create_atomic_cas(self, ptr, cmp, val, *rest, **kwargs):  # noqa: ANN001, ANN202
         if _ACTIVE:
             _ACTIVE[-1].check(ptr, None, "atomic on")
-        return cas(self, ptr, cmp, val, sem, scope)
+        return cas(self, ptr, cmp, val, *rest, **kwargs)
 
     for fn in (create_masked_load, create_masked_store, create_atomic_rmw, create_atomic_cas):
         setattr(builder, fn.__name__, fn)

@@ -73,7 +73,10 @@ def test_summary_rates_and_percentiles():
 def test_streamed_requests_time_each_token_chunk(served):
     base, engine = served
     (result,) = send_all(base, [PlannedRequest(0.0, engine.tokenizer.encode("a quiet road"), 6)])[1]
-    assert len(result.chunk_times) == 6 and list(result.chunk_times) == sorted(result.chunk_times)
+    # A slow event loop merges waiting outputs into one chunk (engine.loop.next_output): at most one chunk a token.
+    assert result.output_tokens == 6
+    assert 1 <= len(result.chunk_times) <= 6 and list(result.chunk_times) == sorted(result.chunk_times)
+    assert result.chunk_times[0] >= result.arrival + result.ttft - 1e-6
 
 
 def test_burst_gaps_split_into_steady_and_during_the_burst():

@@ -9,8 +9,9 @@ open and before any candidate code. It applies, in order (each layer holds witho
    processes, renice or kill others by privilege), plus an empty network namespace unless
    `network`. Then every capability is dropped inside the namespace too (bounding set included).
 3. Landlock (highest ABI, every fs right of it handled): read everywhere; writes, creating and
-   removing files and directories only under `scratch` (plus writing /dev/null, and the NVIDIA
-   device files where they exist); no device nodes, FIFOs, sockets or symlinks anywhere; execute
+   removing files and directories only under `scratch` (plus writing /dev/null, the NVIDIA
+   device files where they exist, and the files of its own threads, /proc/self/task, where CUDA
+   names the threads it starts); no device nodes, FIFOs, sockets or symlinks anywhere; execute
    only the `allow_exec` files (and their ELF interpreter). ABI >= 4: no TCP bind/connect unless
    `network`. ABI >= 6: no signals to, nor abstract-unix connects out of, the Landlock domain; and
    in any ABI no ptrace-style access (/proc/<pid>/mem, environ) to processes outside the domain.
@@ -137,6 +138,14 @@ def _elf_interpreter(path: str) -> str | None:
     return None
 
 
+# This process's own threads (/proc/<pid>/task/<tid>/...): a thread's creator names it by writing its
+# comm file (glibc's pthread_setname_np for another thread), and CUDA's cuInit does so for its helper
+# threads, failing with error 304 where it cannot. The rule binds the procfs inode of this process's
+# task directory; the O_PATH fd kept in _PINNED holds its dentry, so later lookups keep that inode.
+OWN_TASKS = "/proc/self/task"
+_PINNED: list[int] = []
+
+
 def _nvidia_devices() -> list[str]:
     """/dev/nvidia* where they exist (nvidiactl, nvidia0, nvidia-uvm, the nvidia-caps directory, ...)."""
     return sorted(f"/dev/{name}" for name in os.listdir("/dev") if name.startswith("nvidia"))
@@ -158,6 +167,7 @@ def _landlock(policy: Policy) -> str:
              ("/dev/null", READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV)]
     rules += [(p, READ_FILE | EXECUTE) for p in executables + interpreters]
     rules += [(p, READ_FILE | WRITE_FILE | IOCTL_DEV) for p in _nvidia_devices()]
+    rules += [(OWN_TASKS, READ_FILE | READ_DIR | WRITE_FILE | TRUNCATE)]
     try:
         for path, access in rules:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -166,7 +176,10 @@ def _landlock(policy: Policy) -> str:
                 _syscall(f"landlock_add_rule({path})", LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH,
                          struct.pack("=Qi", access, fd), 0)
             finally:
-                os.close(fd)
+                if path == OWN_TASKS:
+                    _PINNED.append(fd)
+                else:
+                    os.close(fd)
         _syscall("landlock_restrict_self", LANDLOCK_RESTRICT_SELF, ruleset, 0)
     except OSError as exc:
         raise ConfinementError(f"landlock: {exc.filename}: {exc.strerror}") from None
@@ -206,8 +219,12 @@ def forbid_new_threads() -> str:
     return "no new threads or processes"
 
 
-def confine(policy: Policy) -> dict[str, str]:
-    """Apply every layer to this (single-threaded, freshly forked) process or raise ConfinementError."""
+LAYERS = ("namespaces", "landlock", "capabilities", "seccomp")
+
+
+def confine(policy: Policy, layers: tuple[str, ...] = LAYERS) -> dict[str, str]:
+    """Apply every layer to this (single-threaded, freshly forked) process or raise ConfinementError.
+    `layers` leaves some out: only for finding which layer breaks something (sandbox/cuda_check.py)."""
     machine = os.uname().machine
     if machine not in seccomp_bpf.SYSCALLS:
         raise ConfinementError(f"seccomp: no syscall table for {machine} (x86_64 and aarch64 only)")
@@ -224,13 +241,18 @@ def confine(policy: Policy) -> dict[str, str]:
     die_with_parent(parent)
     harden_current_process()
     _prctl(PR_SET_NO_NEW_PRIVS, 1, "prctl(PR_SET_NO_NEW_PRIVS)")
-    facts = {"namespaces": _enter_namespaces(policy.network)}
-    facts["landlock"] = _landlock(Policy(scratch, policy.allow_exec, policy.network))
-    _drop_capabilities()
-    facts["capabilities"] = "none (root only inside its own user namespace)" if os.getuid() == 0 else "none"
+    facts = {}
+    if "namespaces" in layers:
+        facts["namespaces"] = _enter_namespaces(policy.network)
+    if "landlock" in layers:
+        facts["landlock"] = _landlock(Policy(scratch, policy.allow_exec, policy.network))
+    if "capabilities" in layers:
+        _drop_capabilities()
+        facts["capabilities"] = "none (root only inside its own user namespace)" if os.getuid() == 0 else "none"
     if parent_death_signal() != signal.SIGKILL:  # a credential change clears it: arm it again, before seccomp
         die_with_parent(parent)
-    facts["seccomp"] = _seccomp(policy, machine)
+    if "seccomp" in layers:
+        facts["seccomp"] = _seccomp(policy, machine)
     armed = parent_death_signal()
     facts["parent_death"] = signal.Signals(armed).name if armed else "none"
     facts["dumpable"] = str(_prctl(PR_GET_DUMPABLE))

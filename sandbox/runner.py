@@ -85,11 +85,16 @@ class Sandbox(ABTiming):
         self.seed = master_seed(options)
         if not options.unconfined:
             from kernelloop.sandbox.confine import harden_current_process, probe
+            from kernelloop.sandbox.cuda_check import check as cuda_check
 
             reason = probe()
             if reason:
                 raise SandboxUnavailable(f"cannot confine candidates on this machine ({reason}); "
                                          "pass --unconfined to judge without OS confinement")
+            if options.device == "cuda" and (reason := cuda_check()):
+                raise SandboxUnavailable(
+                    f"CUDA does not work in a confined process on this machine ({reason}); "
+                    "`python -m kernelloop.sandbox.cuda_check --layers` shows which layer breaks it")
             harden_current_process()
         self.server = ForkServer(options.device) if options.fork_server else None
         self.executables: tuple[str, ...] = ()

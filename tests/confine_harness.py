@@ -146,6 +146,35 @@ def probe_no_new_threads(scratch: Path, arg, state) -> dict:
             "fork": _try(os.fork)}
 
 
+def probe_thread_names(scratch: Path, arg, state) -> dict:
+    """What cuInit does for its helper threads: the creator names a new thread through
+    /proc/self/task/<tid>/comm (glibc's pthread_setname_np for another thread); other /proc files stay shut."""
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        def comm(path: str) -> int:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                return os.write(fd, b"kl-named")
+            finally:
+                os.close(fd)
+
+        named = libc.pthread_setname_np(ctypes.c_ulong(worker.ident), b"kl-worker")
+        return {
+            "pthread_setname_np": ["ok", 0] if named == 0 else ["error", "OSError", named],
+            "read_back": _try(lambda: Path(f"/proc/self/task/{worker.native_id}/comm").read_text().strip()),
+            "comm_by_path": _try(comm, f"/proc/self/task/{worker.native_id}/comm"),
+            "process_comm": _try(comm, "/proc/self/comm"),
+            "oom_score_adj": _try(lambda: Path("/proc/self/oom_score_adj").write_text("500")),
+            "parent_task_comm": _try(comm, f"/proc/{os.getppid()}/task/{os.getppid()}/comm"),
+        }
+    finally:
+        stop.set()
+        worker.join()
+
+
 def probe_grandchild(scratch: Path, arg, state) -> dict:
     """Unconfined intermediate: fork a confined grandchild, wait until it is confined, then exit."""
     read, write = os.pipe()

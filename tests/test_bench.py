@@ -123,6 +123,18 @@ def test_gpu_check_needs_a_gpu_unless_rehearsing(tmp_path):
     assert usage.returncode == 2 and "usage: bench/gpu_check.sh [--rehearse] OUT_DIR" in usage.stderr
 
 
+def test_gpu_check_runs_only_the_steps_named(tmp_path):
+    """GPU_CHECK_STEPS (a short lease): the named steps run, the others are not listed at all."""
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_STEPS": "sandbox-cuda"}
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--rehearse", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    steps = [line.split()[0] for line in lines[lines.index(next(x for x in lines if x.startswith("step "))) + 1:]]
+    assert steps == ["sandbox-cuda"]
+    assert "namespaces + landlock + capabilities + seccomp + limits  ok" in (tmp_path / "sandbox-cuda.log").read_text()
+
+
 @pytest.mark.gpu
 def test_cuda_timing_rmsnorm_and_copy_bandwidth():
     spec = kernels.get_op("rmsnorm")

@@ -48,6 +48,17 @@ def test_signals_ptrace_and_proc_of_other_processes(helper, tmp_path):
     assert helper.proc.poll() is None  # SIGTERM never reached the helper
 
 
+def test_threads_can_be_named_by_their_creator_and_nothing_else_in_proc_is_writable(helper, tmp_path):
+    # cuInit names its helper threads this way and fails with CUDA error 304 where it cannot
+    # (seen on the H200: every sandboxed CUDA process failed in cudaGetDeviceCount).
+    result, _ = helper.run("probe_thread_names", tmp_path, {})
+    assert result["pthread_setname_np"] == ["ok", 0], result
+    assert result["read_back"] == ["ok", "kl-worker"], result
+    assert result["comm_by_path"] == ["ok", 8], result
+    for key in ("process_comm", "oom_score_adj", "parent_task_comm"):
+        assert _refused(result[key]), (key, result[key])
+
+
 def test_no_new_threads_once_forbidden(helper, tmp_path):
     result, _ = helper.run("probe_no_new_threads", tmp_path, {})
     assert result["before"][0] == "ok"

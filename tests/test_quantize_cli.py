@@ -240,3 +240,24 @@ def test_the_budget_gates_kl_is_teacher_forced_on_the_gate_and_held_out_prompts(
     both = apply.gate_summary(Ctx(), held_out)
     held_kl = float((held_rows.exp() * (held_rows - held_served)).sum())  # summed over the 5 held-out positions
     assert both["kl_positions"] == 8 and abs(both["kl"] - held_kl / 8) < 1e-6
+
+
+@pytest.mark.parametrize("extra, forced", [((), 2), (("--gate-held-out", "1"), 1)])
+def test_the_gate_teacher_forces_as_many_held_out_prompts_as_asked(capsys, tmp_path, registry, stubbed,
+                                                                    monkeypatch, extra, forced):
+    """On the CPU interpreter each held-out prompt costs the gate minutes: 2 by default there, else as asked."""
+    add_unscoped(registry)
+    stubbed["gate_budget"] = 0.05
+    seen = []
+    original = apply.gate_summary
+
+    def spy(ctx, held_out=None):
+        seen.append(len(held_out.pairs))
+        return original(ctx, held_out)
+
+    monkeypatch.setattr(apply, "gate_summary", spy)
+    code, out, err = run(capsys, *FAST, "--held-out", "3", *extra, "--schemes", "int8", "--kl-budget", "2e-6",
+                         "--registry", str(registry.path), "--history", str(tmp_path / "h.db"))
+    assert code == 0, err
+    assert seen == [forced, forced]  # before the commit and at it
+    assert f"{forced} of 3 held-out prompts" in out

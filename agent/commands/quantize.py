@@ -24,6 +24,7 @@ from kernelloop.agent.render import print_json, print_table
 from kernelloop.common.errors import KernelloopError
 
 DEFAULT_BUDGET = 0.05
+INTERPRETED_GATE_HELD_OUT = 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration", type=positive_int, default=8, metavar="N", help="calibration prompts (default 8)")
     p.add_argument("--held-out", type=positive_int, default=8, metavar="N",
                    help="held-out prompts the selection is evaluated on, disjoint from calibration (default 8)")
+    p.add_argument("--gate-held-out", type=positive_int, default=None, metavar="N",
+                   help="held-out prompts the gate also teacher-forces through the served kernels (default: all of "
+                        f"them on a GPU, {INTERPRETED_GATE_HELD_OUT} on the CPU interpreter, where each takes minutes)")
     p.add_argument("--tokens", type=positive_int, default=16, metavar="T",
                    help="greedy continuation tokens per prompt that KL is measured along (default 16)")
     p.add_argument("--dry-run", action="store_true", help="measure and select; judge and commit nothing")
@@ -170,6 +174,10 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
         report.update(status="kernel-incorrect", reason=f"{j.scheme.op}'s baseline kernel is not correct on {device}: "
                                                         f"{j.verdict.reason}")
         return
+    if held_out is not None:
+        limit = getattr(args, "gate_held_out", None) or (INTERPRETED_GATE_HELD_OUT if device == "cpu" else None)
+        held_out = held_out.first(limit)
+        report["gate_held_out_prompts"] = len(held_out.pairs)
     registry = Registry(args.registry)
     ctx = LoopContext(history=history, registry=registry, proposers={}, device=device, model=args.model,
                       gate=light_gate(report["budget"], device), progress=progress)
@@ -219,6 +227,9 @@ def show(report: dict[str, Any], as_json: bool) -> None:
     for row in report["alternatives"]:
         print(f"  {row['name']}: {row['plan_size']} projections, {row['bytes_saved'] / 2**20:.2f} MiB, "
               f"KL {row['kl']:.2e}, agreement {row['agreement']:.1%} (held-out)")
+    if report.get("gate_held_out_prompts") is not None:
+        print(f"gate: teacher-forced on the gate prompts and {report['gate_held_out_prompts']} of "
+              f"{held['prompts']} held-out prompts through the served kernels")
     print(f"result: {report['status']}: {report['reason']}" + (f" (commit {report['commit'][:10]})" if report["commit"] else ""))
     if as_json:
         print_json(report)

@@ -40,6 +40,10 @@ class Calibration:
     def positions(self) -> int:
         return sum(len(c) for _, c in self.pairs)
 
+    def first(self, n: int | None) -> "Calibration":
+        """The first `n` prompts (all of them when `n` is None)."""
+        return self if n is None else Calibration(self.pairs[:n], self.reference[:n])
+
 
 Z_UPPER = 1.645  # one-sided 95%: the selection must fit the budget at the mean's upper bound, not only at the mean
 

@@ -133,7 +133,7 @@ BASELINES=(--dtypes bfloat16 --max-shapes-per-op 4 --time-budget-s 40)
 step baselines 60 "every baseline kernel runs and matches its reference; linear vs cuBLAS and extend_attention vs SDPA at Llama-3-8B shapes; % of roofline (bytes or FLOPs)" \
     "$PYTHON" -m bench.baselines "${R[@]}" "${BASELINES[@]}" --strict --out-dir "$OUT_DIR"
 step sandbox-cuda 60 "CUDA initialises and runs in a process confined as a candidate's is (else: which layer breaks it)" \
-    "$PYTHON" -m kernelloop.sandbox.cuda_check --layers "${R[@]}"
+    "$PYTHON" -m kernelloop.sandbox.judge.cuda_check --layers "${R[@]}"
 SANDBOX_S=80
 ((REHEARSE)) && SANDBOX_S=140  # the interpreter judges the exploits' batteries (~1 min on 2 cores)
 step sandbox-gpu "$SANDBOX_S" "the confined sandbox judges honest variants correct and times them; no exploit accepted" \

@@ -16,7 +16,7 @@ import sys
 # switches Triton to compiled mode for the whole process).
 STEP_MODULES = ("bench.baselines", "bench.engine_gpu", "bench.sandbox_gpu", "bench.profile_gpu", "bench.tune_gpu",
                 "bench.cluster_throughput", "bench.quantize_decode",
-                "kernelloop.sandbox.worker", "kernelloop.kernels.target_compile", "kernelloop.profiler.ncu", "kernelloop.agent.loop.graph")
+                "kernelloop.sandbox.inside.worker", "kernelloop.kernels.target_compile", "kernelloop.profiler.ncu", "kernelloop.agent.loop.graph")
 # Distribution name -> module name, for what those steps need from outside the project.
 PACKAGES = {"torch": "torch", "triton": "triton", "numpy": "numpy", "transformers": "transformers",
             "tokenizers": "tokenizers", "safetensors": "safetensors", "langgraph": "langgraph",

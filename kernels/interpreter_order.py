@@ -6,7 +6,7 @@ atomics accumulating in program order) gives the same bits on every interpreted 
 bits on a GPU, where programs run concurrently in an order nobody controls. Inside
 `shuffled_programs(seed)`, every interpreted launch runs its programs in a permutation drawn from
 `seed` and the launch's number: the judge replays checked launches this way and requires the grid
-order's bits (sandbox/judge.py, failure `race`).
+order's bits (sandbox/judge/decisions.py, failure `race`).
 
 How: the interpreter's loop calls `set_grid_idx(x, y, z)` before each program; here the n-th call
 sets the n-th index of the permutation instead, so the loop itself stays Triton's.

@@ -222,7 +222,7 @@ class OpSpec:
                   model sizes (REAL_HIDDEN, real head layouts) at few rows, and many rows (TOKEN_BUDGET
                   tokens) at a small model size; attention: long KV at few requests, many requests at
                   short lengths. Costly to interpret for a kernel with one program per row: on CPU
-                  each runs in one dtype, its tokens capped (sandbox/plan.py). Cheap cases first.
+                  each runs in one dtype, its tokens capped (sandbox/judge/plan.py). Cheap cases first.
     cpu_range_tokens: the CPU cap on a range shape's tokens for an op far costlier a token to
                   interpret than most; None: CPU_RANGE_TOKENS (the low end of the top bucket, 1025).
     tolerance_scale: optional (shape, dtype) -> positive factor multiplying a dtype's atol and rtol at that
@@ -236,7 +236,7 @@ class OpSpec:
                   relative RMS) that an output within the elementwise tolerance must also meet.
     batch_rows:   names of the inputs whose leading dim is the batch's rows (tokens), as are the outputs':
                   row i of the outputs depends only on row i of these and on the other inputs. The batch
-                  invariance probe (sandbox/batch_invariance.py) embeds rows among others through them;
+                  invariance probe (sandbox/judge/batch_invariance.py) embeds rows among others through them;
                   () where rows are not independent slices (attention: requests own ragged KV).
     """
 

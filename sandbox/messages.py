@@ -9,12 +9,12 @@ never pickle) and the same definition serves the sender, the reader and the type
                       compile:  Compile -> Compiled
     child -> judge    Ready, then Load, first of all; Error instead of any reply
     fork server       StartRequest -> StartReply, WaitRequest -> WaitReply (the judge's own helper)
-    the plan          Plan, Trial, Timing: the judge's, never sent (sandbox/plan.py makes it)
+    the plan          Plan, Trial, Timing: the judge's, never sent (sandbox/judge/plan.py makes it)
 
 A child's reply is untrusted. `parse(header, kind, ...)` refuses (wire.ProtocolError) a message whose
 keys are not exactly its declared ones or whose values are not of the declared types, before anyone
 reads a field; values typed `Any` (records, launch descriptions, constants) are checked further where
-they are used (sandbox/replay.py, compile_child.py, compile_check.py). Typed is not trusted: counts,
+they are used (sandbox/inside/replay.py, compile_child.py, compile_check.py). Typed is not trusted: counts,
 sizes and contents remain the judge's to check. The wire's own `tensors` key is wire.py's to check.
 """
 
@@ -122,7 +122,7 @@ class Facts(TypedDict):
 
 
 class Record(TypedDict):
-    """How a call made its outputs (sandbox/trace.py); entries and refs are checked by the replay."""
+    """How a call made its outputs (sandbox/inside/trace.py); entries and refs are checked by the replay."""
 
     entries: list[dict[str, Any]]
     outputs: list[Any]
@@ -161,7 +161,7 @@ class Done(TypedDict):
 
 
 class CapturedShape(TypedDict):
-    launches: list[Any]  # descriptions in the record's launch format (sandbox/capture.py)
+    launches: list[Any]  # descriptions in the record's launch format (sandbox/inside/capture.py)
     error: str | None
 
 
@@ -204,7 +204,7 @@ FROM_CHILD = (Ready, Load, Error, Result, Staged, Done, Captured, Compiled)
 KINDS: dict[str, type] = {typing.get_args(typing.get_type_hints(cls)["type"])[0]: cls for cls in TO_CHILD + FROM_CHILD}
 
 
-# -- the fork server (sandbox/forkserver.py; trusted on both ends) ------------------------------
+# -- the fork server (sandbox/judge/forkserver.py; trusted on both ends) ------------------------------
 
 
 class StartRequest(TypedDict):
@@ -229,7 +229,7 @@ class WaitReply(TypedDict):
     status: int | None  # exit status; negative: killed by that signal
 
 
-# -- the plan (sandbox/plan.py; never leaves the judge) -------------------------------------------
+# -- the plan (sandbox/judge/plan.py; never leaves the judge) -------------------------------------------
 
 
 class Trial(TypedDict):

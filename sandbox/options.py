@@ -17,18 +17,18 @@ class CheckOptions:
                   verify re-judging an entry against what it replaced).
     dtypes:       dtype names to check; empty: every dtype the op supports.
     shapes:       extra shapes to check (e.g. those an engine profile saw), on top of the op's own.
-    timing_shape: the shape timed A/B; None: a default per device (see sandbox.plan).
+    timing_shape: the shape timed A/B; None: a default per device (see sandbox.judge.plan).
     timing_dtype: the dtype timed; None: float32 on CPU, bfloat16 on CUDA (when supported).
     timing:       False skips the A/B timing (correctness only; `accepted` is then False).
     min_gain:     accept only when the speedup interval's lower bound exceeds 1 + min_gain.
     rounds:       interleaved A/B timing rounds; None: 7 on CPU, 15 on CUDA.
     timeout_s:    wall-clock limit of one candidate's whole run; None: the device's default
-                  (sandbox/budget.py: 180 s on CPU, 120 s on CUDA), shared between correctness and timing.
+                  (sandbox/judge/budget.py: 180 s on CPU, 120 s on CUDA), shared between correctness and timing.
     memory_mb:    memory a candidate may use beyond the pre-warmed process it starts from.
     seed:         master seed for input seeds; None: secret (drawn from os.urandom per batch).
     static_check: False skips the static pre-check (tests use it to prove the runtime guards).
     fork_server:  False starts a fresh interpreter per candidate (slower; the benchmark's reference).
-    unconfined:   True judges without the operating system's confinement (sandbox/confine.py) where it
+    unconfined:   True judges without the operating system's confinement (sandbox/inside/confine.py) where it
                   cannot be set up; every verdict records it. Never the default.
     batch_invariance: False skips the batch invariance probe of a correct candidate (its verdict's
                   `batch_invariant` stays None); tests that are not about it save its calls.

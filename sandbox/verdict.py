@@ -74,7 +74,7 @@ class Verdict:
     duration_s: float = 0.0
     costs: dict[str, float] = field(default_factory=dict)  # seconds: start (processes), calls, replays
     compile: dict[str, list] = field(default_factory=dict)  # --compile-for: per target, one entry per distinct cubin
-    # A property of a correct candidate, not a failure (sandbox/batch_invariance.py): True when its rows'
+    # A property of a correct candidate, not a failure (sandbox/judge/batch_invariance.py): True when its rows'
     # bits do not depend on the batch; None when not probed (an op without independent rows, probe off).
     batch_invariant: bool | None = None
     invariance_reason: str = ""

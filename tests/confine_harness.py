@@ -26,7 +26,7 @@ from pathlib import Path
 
 import triton.language as tl
 
-from kernelloop.sandbox.confine import Policy, confine, harden_current_process
+from kernelloop.sandbox.inside.confine import Policy, confine, harden_current_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CHILD_TIMEOUT_S = 60
@@ -138,7 +138,7 @@ def probe_signals(scratch: Path, arg, state) -> dict:
 
 
 def probe_no_new_threads(scratch: Path, arg, state) -> dict:
-    from kernelloop.sandbox.confine import forbid_new_threads
+    from kernelloop.sandbox.inside.confine import forbid_new_threads
 
     before = _try(lambda: threading.Thread(target=lambda: None).start())
     forbid_new_threads()

@@ -24,7 +24,7 @@ from kernelloop.agent.proposers.templates import modules
 from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.compare import check_impl
 from kernelloop.kernels.ops import OPS, baseline_file, baseline_source, get_op
-from kernelloop.sandbox.worker import load_module
+from kernelloop.sandbox.inside.worker import load_module
 
 ROOTS = {"torch", "triton", "math", "__future__", "dataclasses"}
 

@@ -1,4 +1,4 @@
-"""Batch invariance as a verified property (sandbox/batch_invariance.py) and deterministic serving
+"""Batch invariance as a verified property (sandbox/judge/batch_invariance.py) and deterministic serving
 (kernels/deterministic.py, `engine serve --deterministic`).
 
 The planted faults are rmsnorms correct at every shape of the battery whose reduction order depends on
@@ -25,7 +25,7 @@ from kernelloop.kernels import interpreter_autotune
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.ops import OPS, get_op
 from kernelloop.kernels.registry.entry import ANY_BUCKET, Entry, Provenance
-from kernelloop.sandbox.batch_invariance import CPU_STRATA, CUDA_STRATA, draw_batches, probe
+from kernelloop.sandbox.judge.batch_invariance import CPU_STRATA, CUDA_STRATA, draw_batches, probe
 
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"
 CONTROL = CANDIDATES / "control_rmsnorm_row.py"
@@ -159,10 +159,14 @@ def test_the_invariance_tables_are_what_the_probe_proves_and_the_pin_is_restored
         assert interpreter_autotune.pinned() == 5
     finally:
         interpreter_autotune.pin(None)
-    assert {n for (n, w), ok in found.items() if w == "forward" and ok} == det.INVARIANT_BASELINES
+    # The tables hold what is invariant by construction (a program or a row-wise reduction per row); the
+    # linear family's CPU tiling (no split-K, kernels/ops/linear_kernel.py interpreter_config) happens to be
+    # invariant at the probe's sizes, but its tile height follows the row count, so it stays out of them.
+    proved = {n for (n, w), ok in found.items() if w == "forward" and ok}
+    assert det.INVARIANT_BASELINES <= proved and proved - det.INVARIANT_BASELINES <= {"linear", "linear_int8", "linear_int4"}
     assert {n for (n, w), ok in found.items() if w == "reference" and ok} == det.INVARIANT_REFERENCES
-    # linear: MKL's blocking and the baseline's split-K follow the row count; attention is not probed here
-    assert found[("linear", "reference")] is False and found[("linear", "forward")] is False
+    # linear: MKL's blocking follows the row count; attention is not probed here
+    assert found[("linear", "reference")] is False
     assert found[("decode_attention", "forward")] is None
     assert probe(get_op("linear"), det.rowwise(get_op("linear")), "cpu", 1234).invariant is True
 

@@ -236,12 +236,12 @@ def test_wrong_kernel_passes_the_old_inputs_and_fails_the_new_battery(label):
     assert not all(r.ok for r in results), f"{label} passed every {catcher} case"
 
 
-# -- the CUDA plan's cap (sandbox/plan.py): inputs and references are computed on the judge's CPU ---
+# -- the CUDA plan's cap (sandbox/judge/plan.py): inputs and references are computed on the judge's CPU ---
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_cuda_plan_stays_within_the_trial_limit_and_keeps_its_engine_shapes(name):
+    from kernelloop.sandbox.judge.plan import CUDA_TRIAL_LIMIT, check_cases, make_plan, within_trial_limit
     from kernelloop.sandbox.options import CheckOptions
-    from kernelloop.sandbox.plan import CUDA_TRIAL_LIMIT, check_cases, make_plan, within_trial_limit
 
     spec = OPS[name]
     plan = make_plan(spec, CheckOptions(device="cuda"), 1)
@@ -258,8 +258,8 @@ def test_cuda_plan_stays_within_the_trial_limit_and_keeps_its_engine_shapes(name
 
 
 def test_cuda_plan_caps_the_new_ops_only():
+    from kernelloop.sandbox.judge.plan import check_cases, within_trial_limit
     from kernelloop.sandbox.options import CheckOptions
-    from kernelloop.sandbox.plan import check_cases, within_trial_limit
 
     capped = {n for n, spec in OPS.items() if not all(within_trial_limit(spec, s)
                                                       for s in pick_shapes(spec.engine_shapes, 4))}
@@ -308,8 +308,8 @@ def test_range_shapes_reach_what_the_engine_sends(name):
 
 
 def cpu_range_cases(spec) -> list[dict]:
+    from kernelloop.sandbox.judge.plan import range_cases
     from kernelloop.sandbox.options import CheckOptions
-    from kernelloop.sandbox.plan import range_cases
 
     return [shape for shape, _ in range_cases(spec, CheckOptions(device="cpu"))]
 
@@ -352,8 +352,8 @@ def test_kernels_wrong_only_at_the_engines_ranges_pass_the_battery_and_fail_a_ra
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_the_plan_judges_each_range_case_last_once_on_cpu_and_in_every_dtype_on_cuda(name):
+    from kernelloop.sandbox.judge.plan import make_plan
     from kernelloop.sandbox.options import CheckOptions
-    from kernelloop.sandbox.plan import make_plan
 
     spec = OPS[name]
     ranges = cpu_range_cases(spec)
@@ -371,8 +371,8 @@ def test_the_plan_judges_each_range_case_last_once_on_cpu_and_in_every_dtype_on_
 
 
 def test_which_dtype_a_rotating_case_lands_in_is_drawn_from_the_secret_seed():
+    from kernelloop.sandbox.judge.plan import make_plan
     from kernelloop.sandbox.options import CheckOptions
-    from kernelloop.sandbox.plan import make_plan
 
     spec = OPS["rmsnorm"]
     big = {"tokens": 1025, "hidden": 24}
@@ -383,8 +383,8 @@ def test_which_dtype_a_rotating_case_lands_in_is_drawn_from_the_secret_seed():
 
 def test_a_candidate_is_timed_in_a_dtype_it_is_judged_in():
     from kernelloop.common.errors import UnknownDtypeError
+    from kernelloop.sandbox.judge.plan import make_plan
     from kernelloop.sandbox.options import CheckOptions
-    from kernelloop.sandbox.plan import make_plan
 
     spec = OPS["rmsnorm"]
     for device, dtypes in (("cpu", ("bfloat16", "float16")), ("cpu", ("bfloat16",)), ("cuda", ("float32",))):

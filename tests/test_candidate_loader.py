@@ -16,7 +16,7 @@ from kernelloop.kernels.candidate.loader import MODULE_NAME, LoadError, load_ker
 from kernelloop.kernels.compare import check_impl
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import Provenance
-from kernelloop.sandbox.worker import load_module
+from kernelloop.sandbox.inside.worker import load_module
 
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = REPO / "tests" / "sandbox_candidates"

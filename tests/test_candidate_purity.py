@@ -1,6 +1,6 @@
 """The runtime half of purity (kernels/candidate/runtime_purity.py, the caches in guarded_builtins.py):
 module state frozen after import and checked unchanged after every call, in the runner and in the engine
-(the dispatcher demotes a kernel that breaks it); outputs never share memory (sandbox/aliasing.py).
+(the dispatcher demotes a kernel that breaks it); outputs never share memory (sandbox/judge/aliasing.py).
 The loads here skip the static check: they show the runtime layer alone."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from kernelloop.kernels.candidate.runtime_purity import IMPURE, ImpureModule
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import Provenance
-from kernelloop.sandbox.aliasing import overlap
-from kernelloop.sandbox.judge import judge_call
+from kernelloop.sandbox.judge.aliasing import overlap
+from kernelloop.sandbox.judge.decisions import judge_call
 from kernelloop.sandbox.verdict import Verdict
 
 CANDIDATES = Path(__file__).resolve().parent / "sandbox_candidates"

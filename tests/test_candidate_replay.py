@@ -1,4 +1,4 @@
-"""The replay rebuilds real kernels as the runner made them (sandbox/replay_source.py): under a module-level
+"""The replay rebuilds real kernels as the runner made them (sandbox/inside/replay_source.py): under a module-level
 `if`, jitted by assignment, with imports in a `try`; from the canonical text, running no launcher code;
 taking the branch the runner took, or refusing what it cannot redo faithfully."""
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from kernelloop.kernels.ops import get_op
-from kernelloop.sandbox import trace
-from kernelloop.sandbox.judge import same_bits
-from kernelloop.sandbox.replay import Replay, ReplayError, kernels_from_source
-from kernelloop.sandbox.worker import load_module
+from kernelloop.sandbox.inside import trace
+from kernelloop.sandbox.inside.replay import Replay, ReplayError, kernels_from_source
+from kernelloop.sandbox.inside.worker import load_module
+from kernelloop.sandbox.judge.decisions import same_bits
 
 CANDIDATES = Path(__file__).resolve().parent / "sandbox_candidates"
 STATE: dict = {"recorder": None}

@@ -89,7 +89,7 @@ def test_unreachable_cluster_is_one_line_quickly() -> None:
 
 
 def _local(jobs: list[ClusterJob]) -> list[Verdict]:
-    from kernelloop.sandbox.runner import Sandbox
+    from kernelloop.sandbox.judge.orchestrator import Sandbox
     from kernelloop.sandbox.verdict import judge_or_refuse
 
     out = []
@@ -165,7 +165,7 @@ class TestOneNode:
     def test_timed_job_against_the_registry_choice_sent_as_data(self, pool, tmp_path: Path) -> None:  # noqa: ANN001
         from kernelloop.kernels.ops import get_op
         from kernelloop.kernels.registry import Registry
-        from kernelloop.sandbox.ab_timing import planned_timing
+        from kernelloop.sandbox.judge.timing import planned_timing
 
         from tests.test_registry import add
 

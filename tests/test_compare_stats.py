@@ -17,7 +17,7 @@ import torch
 from kernelloop.kernels import OPS
 from kernelloop.kernels.compare import as_tuple, check_outputs, error_stats, stat_limits
 from kernelloop.kernels.spec import DEFAULT_ERROR_BOUNDS, UNIT_ROUNDOFF
-from kernelloop.sandbox.judge import add_check, judge_call
+from kernelloop.sandbox.judge.decisions import add_check, judge_call
 from kernelloop.sandbox.verdict import FAILURES, Verdict
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

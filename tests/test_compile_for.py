@@ -2,7 +2,7 @@
 
 The runner (the candidate's process) only describes its launches; a confined compiled-Triton process
 that never ran candidate Python compiles them from the judge's copy of the source; the judge refuses
-what does not compile, spills or exceeds shared memory, and descriptions that lie (sandbox/compile_check.py).
+what does not compile, spills or exceeds shared memory, and descriptions that lie (sandbox/judge/compile_check.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.ops import get_op
 from kernelloop.sandbox import wire
-from kernelloop.sandbox.compile_check import CompileCheck, compile_setup
-from kernelloop.sandbox.compile_child import DescriptionError, decode
-from kernelloop.sandbox.executables import ptxas
+from kernelloop.sandbox.inside.compile_child import DescriptionError, decode
+from kernelloop.sandbox.judge.compile_check import CompileCheck, compile_setup
+from kernelloop.sandbox.judge.executables import ptxas
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.verdict import Verdict
 

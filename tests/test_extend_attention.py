@@ -282,7 +282,7 @@ print(json.dumps(out))
 
 
 def test_baseline_compiles_for_sm90_without_spills(tmp_path):
-    from kernelloop.sandbox.executables import ptxas
+    from kernelloop.sandbox.judge.executables import ptxas
 
     if ptxas() is None:
         pytest.skip("this triton build has no bundled ptxas")

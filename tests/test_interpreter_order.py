@@ -50,7 +50,7 @@ def test_the_interpreter_is_left_as_it_was_when_a_launch_raises() -> None:
 
 
 def test_order_seeds_are_hashed_from_the_trial_seed() -> None:
-    from kernelloop.sandbox.program_order import ATOMIC_ORDERS, race_orders
+    from kernelloop.sandbox.inside.program_order import ATOMIC_ORDERS, race_orders
 
     one, three = race_orders(12345, False), race_orders(12345, True)
     assert len(one) == 1 and len(three) == ATOMIC_ORDERS == len(set(three)) and three[0] == one[0]

@@ -337,7 +337,7 @@ print(json.dumps(out))
 
 
 def _ptxas():
-    from kernelloop.sandbox.executables import ptxas
+    from kernelloop.sandbox.judge.executables import ptxas
 
     return ptxas()
 

@@ -2,7 +2,7 @@
 the machine's speed.
 
 A sandboxed process gets hard RLIMIT_DATA (private writable memory) and, on CPU, RLIMIT_AS limits at
-what it holds plus its allowance (sandbox/guards.py `limit_memory`): an allocation past them fails at
+what it holds plus its allowance (sandbox/inside/guards.py `limit_memory`): an allocation past them fails at
 once, and the judge calls that `memory` wherever it happens (in forward, at import, in the harness),
 however fast or slowly the pages would have been written. The judge's RSS poll stays as the second
 layer. What these tests assert holds on any machine: the allowances are small (64 MiB: reached in well
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from kernelloop.sandbox import CheckOptions, Sandbox
-from kernelloop.sandbox.children import refusal
-from kernelloop.sandbox.guards import memory_refused, out_of_memory
+from kernelloop.sandbox.inside.guards import memory_refused, out_of_memory
+from kernelloop.sandbox.judge.children import refusal
 
 REPO = Path(__file__).resolve().parent.parent
 ALLOWANCE_MB = 64
@@ -33,7 +33,7 @@ PROBE = textwrap.dedent('''
     import json, resource, sys, tempfile
     from pathlib import Path
 
-    from kernelloop.sandbox.confine import Policy, confine, probe
+    from kernelloop.sandbox.inside.confine import Policy, confine, probe
 
     scratch = Path(tempfile.mkdtemp())
     if sys.argv[1] == "confined":
@@ -41,7 +41,7 @@ PROBE = textwrap.dedent('''
             print(json.dumps({"skip": probe()}))
             raise SystemExit
         confine(Policy(scratch=scratch))  # as a sandboxed process: user namespace, Landlock, seccomp
-    from kernelloop.sandbox import guards
+    from kernelloop.sandbox.inside import guards
 
     if sys.argv[2] == "cpu":
         guards.isolate(scratch, int(sys.argv[3]), 60, "cpu")

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
-from kernelloop.sandbox import judge, poison, trace
-from kernelloop.sandbox.replay import Replay, ReplayError, kernels_from_source
+from kernelloop.sandbox.inside import poison, trace
+from kernelloop.sandbox.inside.replay import Replay, ReplayError, kernels_from_source
+from kernelloop.sandbox.inside.worker import load_module
+from kernelloop.sandbox.judge import decisions as judge
 from kernelloop.sandbox.verdict import FAILURES, Verdict
-from kernelloop.sandbox.worker import load_module
 
 STATE: dict = {"recorder": None}
 trace.install_launch_hook(STATE)

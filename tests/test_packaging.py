@@ -72,6 +72,20 @@ def test_no_file_imports_a_bare_top_level_name():
     assert not offenders, "import through kernelloop.*:\n" + "\n".join(offenders)
 
 
+def test_nothing_inside_the_sandbox_imports_the_judges_side():
+    """sandbox/inside/ runs confined, next to a candidate's code: it may import the shared modules
+    (messages, wire, options, verdict, lifetime) and the layers below, never sandbox/judge/ or the cluster."""
+    offenders = []
+    for path in (REPO / "sandbox" / "inside").rglob("*.py"):
+        for line, name in _imported_modules(ast.parse(path.read_text())):
+            if name.startswith(("kernelloop.sandbox.judge", "kernelloop.sandbox.cluster", "kernelloop.agent")) or \
+                    name == "kernelloop.sandbox" and "import judge" in path.read_text().splitlines()[line - 1]:
+                offenders.append(f"{path.relative_to(REPO)}:{line}: {name}")
+    assert not offenders, "the confined side imports the judge's:\n" + "\n".join(offenders)
+    shared = {p.stem for p in (REPO / "sandbox").glob("*.py")} - {"__init__"}
+    assert shared == {"lifetime", "messages", "options", "verdict", "wire"}, "a new module belongs in judge/ or inside/"
+
+
 def _rule_in_architecture() -> dict[str, set[str]]:
     """The `layer -> {a, b}` / `layer -> a` pairs of ARCHITECTURE.md's dependency paragraph, plus `common`
     for every layer when the paragraph says every layer imports it (and common itself imports none)."""
@@ -191,8 +205,8 @@ def test_an_uninstalled_source_tree_imports_from_its_folders():
     # repository root must still find kernelloop.<layer> in the top-level folders.
     code = ("import sys\n"
             "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
-            "import kernelloop.sandbox.plan, kernelloop.agent.cli\n"
-            "print(kernelloop.sandbox.plan.__file__)\n")
+            "import kernelloop.sandbox.judge.plan, kernelloop.agent.cli\n"
+            "print(kernelloop.sandbox.judge.plan.__file__)\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert Path(result.stdout.strip()) == REPO / "sandbox" / "plan.py"
+    assert Path(result.stdout.strip()) == REPO / "sandbox" / "judge" / "plan.py"

@@ -139,7 +139,7 @@ def _steps(messages: list[str]) -> list[Step]:
 def test_sandbox_battery_steps_count_trials_against_the_correctness_deadline(tmp_path: Path) -> None:
     from kernelloop.kernels import get_op
     from kernelloop.sandbox import CheckOptions
-    from kernelloop.sandbox.runner import Sandbox
+    from kernelloop.sandbox.judge.orchestrator import Sandbox
     from kernelloop.sandbox.verdict import Verdict
 
     spec = get_op("rmsnorm")
@@ -177,7 +177,7 @@ def test_sandbox_battery_steps_count_trials_against_the_correctness_deadline(tmp
 
 def test_sandbox_timing_steps_count_rounds_and_say_the_budget_left(tmp_path: Path) -> None:
     from kernelloop.kernels import get_op
-    from kernelloop.sandbox.ab_timing import ABTiming
+    from kernelloop.sandbox.judge.timing import ABTiming
     from kernelloop.sandbox.verdict import Verdict
 
     spec = get_op("rmsnorm")

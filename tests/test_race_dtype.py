@@ -1,4 +1,4 @@
-"""A float atomic's race is judged in float32 whatever dtypes were asked (sandbox/plan.py: race_dtype_case).
+"""A float atomic's race is judged in float32 whatever dtypes were asked (sandbox/judge/plan.py: race_dtype_case).
 
 Rounding a float32 atomic sum to bfloat16 can give every shuffled program order the same output bits,
 so a candidate naming `tl.atomic_*` judged in bfloat16 only gets one extra float32 trial, first, whose
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kernelloop.kernels.ops import get_op
+from kernelloop.sandbox.judge.plan import make_plan
 from kernelloop.sandbox.options import CheckOptions
-from kernelloop.sandbox.plan import make_plan
 
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"
 SEEDS = 3
@@ -35,7 +35,7 @@ def test_only_atomic_kernels_judged_without_float32_get_one_float32_race_trial_f
 def test_a_race_only_trial_skips_the_values_and_nothing_else() -> None:
     import torch
 
-    from kernelloop.sandbox.judge import judge_call
+    from kernelloop.sandbox.judge.decisions import judge_call
     from kernelloop.sandbox.verdict import Verdict
 
     spec, shape = get_op("rmsnorm"), {"tokens": 3, "hidden": 33}

@@ -12,8 +12,15 @@ from kernelloop.history.queries import outcome
 from kernelloop.kernels.ops import OPS, get_op
 from kernelloop.kernels.spec import dtype_name
 from kernelloop.sandbox import FAILURES, CheckOptions, Sandbox, Verdict
-from kernelloop.sandbox.budget import Budget, timeout_s
-from kernelloop.sandbox.plan import CPU_SIZE_CAP, CPU_TIMING_CAP, check_cases, interpreter_shape, make_plan, range_cases
+from kernelloop.sandbox.judge.budget import Budget, timeout_s
+from kernelloop.sandbox.judge.plan import (
+    CPU_SIZE_CAP,
+    CPU_TIMING_CAP,
+    check_cases,
+    interpreter_shape,
+    make_plan,
+    range_cases,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HONEST = (REPO / "tests" / "sandbox_candidates" / "control_rmsnorm_row.py").read_text()

@@ -1,4 +1,4 @@
-"""sandbox.confine: the kernel's confinement of a candidate's process, attacked from inside.
+"""sandbox.inside.confine: the kernel's confinement of a candidate's process, attacked from inside.
 
 Every probe runs in a child forked by one helper process per test session (the `helper` fixture in
 conftest.py: a fresh interpreter that has imported torch and triton but never entered an OpenMP
@@ -19,7 +19,7 @@ import threading
 
 import pytest
 
-from kernelloop.sandbox.confine import ConfinementError, Policy, confine, probe
+from kernelloop.sandbox.inside.confine import ConfinementError, Policy, confine, probe
 
 from tests.confine_harness import _refused
 

@@ -1,4 +1,4 @@
-"""sandbox.confine: processes, signals and threads of a confined candidate, and the seccomp filter.
+"""sandbox.inside.confine: processes, signals and threads of a confined candidate, and the seccomp filter.
 
 No new processes unless allow_exec names the program, no signals, ptrace or /proc of other processes,
 no threads once forbidden, death with the parent; and the BPF filter's verdicts, interpreted for both
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.sandbox import seccomp_bpf
+from kernelloop.sandbox.inside import seccomp_bpf
 
 from tests.confine_harness import _refused
 

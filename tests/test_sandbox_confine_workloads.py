@@ -1,4 +1,4 @@
-"""sandbox.confine: real work still runs once confined.
+"""sandbox.inside.confine: real work still runs once confined.
 
 torch (matmul, threads), the Triton interpreter, and the key test: Triton's full CUDA pipeline
 compiling a kernel to a cubin with the bundled ptxas inside the sandbox, no GPU needed. Probes run in a

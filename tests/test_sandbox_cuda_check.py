@@ -1,9 +1,9 @@
-"""sandbox.cuda_check: can a confined process use CUDA, and which layer breaks it where it cannot.
+"""sandbox.judge.cuda_check: can a confined process use CUDA, and which layer breaks it where it cannot.
 
 No GPU here, so the work done in the confined child stands in for what CUDA needs: cuInit names the
 helper threads it starts by writing /proc/self/task/<tid>/comm (glibc's pthread_setname_np for
 another thread), and fails with CUDA error 304 where it cannot; that is how every sandboxed process
-failed on the first H200 run. The real check (`python -m kernelloop.sandbox.cuda_check`) runs in
+failed on the first H200 run. The real check (`python -m kernelloop.sandbox.judge.cuda_check`) runs in
 bench/gpu_check.sh's sandbox-cuda step.
 """
 
@@ -13,8 +13,8 @@ import json
 import subprocess
 import sys
 
-from kernelloop.sandbox import cuda_check
-from kernelloop.sandbox.confine import LAYERS
+from kernelloop.sandbox.inside.confine import LAYERS
+from kernelloop.sandbox.judge import cuda_check
 
 
 def write_process_comm() -> None:
@@ -45,11 +45,11 @@ def test_a_failure_inside_the_child_comes_back_as_text_not_a_crash():
 
 
 def test_the_command_reports_json_and_fails_without_cuda():
-    proc = subprocess.run([sys.executable, "-m", "kernelloop.sandbox.cuda_check", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "kernelloop.sandbox.judge.cuda_check", "--json"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     error = json.loads(proc.stdout.strip().splitlines()[-1])["error"]
     assert "CUDA" in error  # this CPU build of torch: "Torch not compiled with CUDA enabled"
-    rehearsal = subprocess.run([sys.executable, "-m", "kernelloop.sandbox.cuda_check", "--layers", "--rehearse"],
+    rehearsal = subprocess.run([sys.executable, "-m", "kernelloop.sandbox.judge.cuda_check", "--layers", "--rehearse"],
                                capture_output=True, text=True, timeout=300)
     assert rehearsal.returncode == 0 and rehearsal.stdout.count(" ok\n") == 1 + len(LAYERS) + 1 + len(LAYERS)

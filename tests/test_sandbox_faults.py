@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.sandbox.forkserver import ForkServer
+from kernelloop.sandbox.judge.forkserver import ForkServer
 
 REPO = Path(__file__).resolve().parents[1]
 SPIN = REPO / "tests" / "sandbox_candidates" / "infinite_loop.py"  # rmsnorm, spins inside forward
@@ -140,7 +140,7 @@ def test_a_request_interrupted_by_ctrl_c_drops_the_fork_server(monkeypatch) -> N
     # A Ctrl-C that lands while the judge reads a fork-server reply can leave the stream mid-frame; a
     # later request would then read garbage and wait out its timeout. The server is dropped instead, and
     # waiting on its children answers at once (they died with it).
-    from kernelloop.sandbox import forkserver as fs
+    from kernelloop.sandbox.judge import forkserver as fs
 
     server = ForkServer("cpu")
     try:

@@ -46,7 +46,7 @@ def test_a_replay_beside_a_concurrent_load_keeps_an_honest_kernels_bits() -> Non
     import torch
 
     from kernelloop.kernels.ops import get_op
-    from kernelloop.sandbox.program_order import program_order
+    from kernelloop.sandbox.inside.program_order import program_order
 
     spec = get_op("rmsnorm")
     args = spec.make_inputs({"tokens": 64, "hidden": 4096}, torch.bfloat16, 0, "cuda")

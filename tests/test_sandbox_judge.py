@@ -8,9 +8,9 @@ import torch
 from kernelloop.common.stats import median_interval
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.roofline import Rates
-from kernelloop.sandbox.judge import DECIDED, judge_call, judge_replays, judge_timing, next_order
+from kernelloop.sandbox.judge.decisions import DECIDED, judge_call, judge_replays, judge_timing, next_order
+from kernelloop.sandbox.judge.plan import harness_memory_mb, make_plan
 from kernelloop.sandbox.options import CheckOptions
-from kernelloop.sandbox.plan import harness_memory_mb, make_plan
 from kernelloop.sandbox.verdict import Verdict
 
 SPEC = get_op("rmsnorm")

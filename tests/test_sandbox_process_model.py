@@ -18,22 +18,23 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.sandbox.children import Child
-from kernelloop.sandbox.executables import ptxas
-from kernelloop.sandbox.forkserver import ForkServer
+from kernelloop.sandbox.judge.children import Child
+from kernelloop.sandbox.judge.executables import ptxas
+from kernelloop.sandbox.judge.forkserver import ForkServer
 
 REPO = Path(__file__).resolve().parent.parent
 
 _COMPILE_IN_CHILD = r'''
 import contextlib, io, json, os, re, subprocess, sys, tempfile
 from pathlib import Path
-from kernelloop.sandbox import forkserver
+from kernelloop.sandbox.judge import forkserver
 saved = forkserver._forbid_cuda()  # as in the fork server: CUDA must not be needed before the fork
 import torch, triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from kernelloop.kernels.ops import rmsnorm_kernel
-from kernelloop.sandbox import guards, worker
+from kernelloop.sandbox.inside import guards
+from kernelloop.sandbox.inside import worker
 
 scratch, ptxas = Path(sys.argv[1]), sys.argv[2]
 read, write = os.pipe()
@@ -99,7 +100,7 @@ def test_the_fork_server_never_initialises_cuda(tmp_path: Path) -> None:
             child.close()
         server.close()
     probe = subprocess.run(
-        [sys.executable, "-c", "from kernelloop.sandbox import forkserver; forkserver._forbid_cuda(); import torch\n"
+        [sys.executable, "-c", "from kernelloop.sandbox.judge import forkserver; forkserver._forbid_cuda(); import torch\n"
                                "try:\n    torch.cuda.is_available()\nexcept RuntimeError as e:\n    print(e)"],
         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert "must never initialise CUDA" in probe.stdout, probe.stderr[-2000:]

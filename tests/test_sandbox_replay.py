@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from kernelloop.kernels.ops import get_op
-from kernelloop.sandbox import trace
-from kernelloop.sandbox.judge import same_bits
-from kernelloop.sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
-from kernelloop.sandbox.worker import load_module
+from kernelloop.sandbox.inside import trace
+from kernelloop.sandbox.inside.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
+from kernelloop.sandbox.inside.worker import load_module
+from kernelloop.sandbox.judge.decisions import same_bits
 
 CANDIDATES = Path(__file__).resolve().parent / "sandbox_candidates"
 STATE: dict = {"recorder": None}

@@ -21,8 +21,8 @@ from kernelloop.kernels.compare import check_impl
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.registry.loader import load_forward
-from kernelloop.sandbox.replay import kernels_from_source
-from kernelloop.sandbox.worker import load_module
+from kernelloop.sandbox.inside.replay import kernels_from_source
+from kernelloop.sandbox.inside.worker import load_module
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -90,7 +90,7 @@ def test_judge_source_gives_a_static_verdict(sandbox, name: str) -> None:
 
 
 def test_a_check_that_raises_in_the_judge_is_a_static_verdict(sandbox, monkeypatch) -> None:
-    from kernelloop.sandbox import runner
+    from kernelloop.sandbox.judge import orchestrator as runner
 
     def broken(*args: object) -> None:
         raise RecursionError("maximum recursion depth exceeded")

@@ -13,7 +13,7 @@ import pytest
 
 from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.target_compile import CompileResult, parse_ptxas_log, parse_targets
-from kernelloop.sandbox.executables import ptxas
+from kernelloop.sandbox.judge.executables import ptxas
 
 REPO = Path(__file__).resolve().parents[1]
 

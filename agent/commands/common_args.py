@@ -17,7 +17,7 @@ from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import Proposer
 from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.device import DEVICES
-from kernelloop.sandbox.budget import DEFAULT_TIMEOUT_S
+from kernelloop.sandbox.judge.budget import DEFAULT_TIMEOUT_S
 from kernelloop.sandbox.options import CheckOptions
 
 CPU_RUNAWAY_TOKENS = 32  # the runaway check's default on the CPU interpreter (GPU: GateConfig's 256)

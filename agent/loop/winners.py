@@ -1,5 +1,5 @@
 """Which judged candidates may win a tune run: the accepted ones, and with `--batch-invariant` only
-those whose verdict proved them batch invariant (sandbox/batch_invariance.py)."""
+those whose verdict proved them batch invariant (sandbox/judge/batch_invariance.py)."""
 
 from __future__ import annotations
 

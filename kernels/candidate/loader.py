@@ -1,4 +1,4 @@
-"""The one way a candidate module is executed: by the sandbox's runner (sandbox/worker.py) and by the
+"""The one way a candidate module is executed: by the sandbox's runner (sandbox/inside/worker.py) and by the
 engine's registry loader (kernels/registry/loader.py) alike, so a kernel cannot tell which world it
 is in by how it was loaded.
 

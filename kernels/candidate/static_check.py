@@ -1,6 +1,6 @@
 """Static pre-check of a candidate's source, before any process starts.
 
-A cheap first wall, not the only one: the runtime guards (sandbox/guards.py) hold by themselves.
+A cheap first wall, not the only one: the runtime guards (sandbox/inside/guards.py) hold by themselves.
 The text itself first (source_text.py: no invisible or control characters, UTF-8 only), then the
 syntax, then the rules: imported names are checked like attributes; attributes are written (and
 private ones read) only through a privileged first parameter (privilege.py: self/cls of a method

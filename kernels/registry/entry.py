@@ -45,7 +45,7 @@ class Entry:
     provenance: Provenance
     verified_at: str  # ISO 8601 UTC, when the sandbox last judged it
     added_at: str = field(default_factory=utc_now)
-    # The verdict's batch invariance (sandbox/batch_invariance.py); None: unknown (not probed, or a manifest
+    # The verdict's batch invariance (sandbox/judge/batch_invariance.py); None: unknown (not probed, or a manifest
     # written before the field existed). `engine serve --deterministic` serves only entries with True.
     batch_invariant: bool | None = None
     scope: str = ""  # the projection it serves ("layers.3.down_proj"); "": every call of the op

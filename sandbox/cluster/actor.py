@@ -35,8 +35,8 @@ class Judge:
         """The verdict's JSON (Verdict.to_json()), or {"machine_error": line} when this machine cannot
         judge (no confinement, a broken setup): that is not the candidate's doing."""
         from kernelloop.common.errors import KernelloopError
+        from kernelloop.sandbox.judge.orchestrator import Sandbox
         from kernelloop.sandbox.options import CheckOptions
-        from kernelloop.sandbox.runner import Sandbox
         from kernelloop.sandbox.verdict import judge_or_refuse
 
         key = json.dumps(options, sort_keys=True)

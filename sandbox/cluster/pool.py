@@ -121,7 +121,7 @@ class JudgePool:
             key = (job.op, device, str(options.to_json()))
             if key not in self._baselines:
                 from kernelloop.kernels.ops import get_op
-                from kernelloop.sandbox.ab_timing import registry_baseline
+                from kernelloop.sandbox.judge.timing import registry_baseline
 
                 self._baselines[key] = registry_baseline(get_op(job.op), options, device)
             found = self._baselines[key]

@@ -1,6 +1,6 @@
 """Exploit: switch the second layer off, then try every escape against the operating system alone.
 The audit hook cannot be removed, but it is a Python function: the candidate empties the guards'
-_BLOCKED_EVENTS set (sandbox.guards, reached through torch.sys.modules), which un-blocks
+_BLOCKED_EVENTS set (sandbox.inside.guards, reached through torch.sys.modules), which un-blocks
 gc.get_objects, finds the hook function on the heap and swaps its __code__ for a no-op with the
 same free variables. Then, with no Python guard left: write a canary outside scratch, fork, spawn
 `sleep 600`, exec a program in place, open a socket, SIGSTOP the parent (the fork server), read the
@@ -22,7 +22,7 @@ IPC_CREAT = 0o1000
 
 
 def _disable_audit_hook(sys) -> str:
-    guards = sys.modules["kernelloop.sandbox.guards"]
+    guards = sys.modules["kernelloop.sandbox.inside.guards"]
     guards._BLOCKED_EVENTS.clear()
     gc = sys.modules["gc"]
     function = type(_disable_audit_hook)

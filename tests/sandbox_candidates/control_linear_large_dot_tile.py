@@ -2,7 +2,7 @@
 
 An honest kernel: the sandbox must judge it correct. On CPU the interpreter hands a tile this large to
 numpy's BLAS, whose thread pool cannot start inside the confined process; before the judge pinned BLAS
-to one thread (sandbox/forkserver.py clean_env) the pool spun and every such candidate timed out.
+to one thread (sandbox/judge/forkserver.py clean_env) the pool spun and every such candidate timed out.
 """
 # expect: control
 # op: linear

@@ -3,7 +3,7 @@
 
 Verdict: the static check refuses tensors made at import (`static`; `memory` where it does not); without
 it, `memory`, not `load`:
-an allocation refused by the memory limit is a memory failure wherever it happens (sandbox/guards.py
+an allocation refused by the memory limit is a memory failure wherever it happens (sandbox/inside/guards.py
 `memory_refused`, read by the judge from the load error).
 """
 # expect: static=static|memory runtime=memory

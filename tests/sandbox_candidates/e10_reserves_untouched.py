@@ -3,7 +3,7 @@ resident memory (what the judge polls) does not grow: a poll-only limit never se
 machine without overcommit headroom the engine would fail later, elsewhere.
 
 Verdict: `memory`, at once and whatever the machine's speed: the allocation itself is refused by the
-sandboxed process's hard RLIMIT_DATA/RLIMIT_AS (sandbox/guards.py `limit_memory`).
+sandboxed process's hard RLIMIT_DATA/RLIMIT_AS (sandbox/inside/guards.py `limit_memory`).
 """
 # expect: static=memory runtime=memory
 

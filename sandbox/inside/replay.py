@@ -1,7 +1,7 @@
-"""Replaying a recorded call (sandbox/trace.py) in a process where the candidate's Python never ran.
+"""Replaying a recorded call (sandbox/inside/trace.py) in a process where the candidate's Python never ran.
 
 The replay process gets the candidate's source from the judge, not from the candidate's process. It
-executes only the kernel part of its canonical text (sandbox/replay_source.py: the jit definitions,
+executes only the kernel part of its canonical text (sandbox/inside/replay_source.py: the jit definitions,
 undecorated, whether decorated or jitted by assignment, the `triton`/`math` imports, and the
 module-level `if`/`try` blocks around them), with the plain constants the runner reported (numbers,
 strings, `tl.constexpr` of those), and builds the kernels from that. Then, per call, it redoes the record on
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
-from kernelloop.sandbox import poison
-from kernelloop.sandbox.program_order import program_order
-from kernelloop.sandbox.replay_memory import Buffers
-from kernelloop.sandbox.trace import ALLOCATORS, DATA_ATEN, FILLS, LITERAL_DTYPES, MAX_ENTRIES, MAX_PYTHON_VALUES
+from kernelloop.sandbox.inside import poison
+from kernelloop.sandbox.inside.program_order import program_order
+from kernelloop.sandbox.inside.replay_memory import Buffers
+from kernelloop.sandbox.inside.trace import ALLOCATORS, DATA_ATEN, FILLS, LITERAL_DTYPES, MAX_ENTRIES, MAX_PYTHON_VALUES
 from kernelloop.sandbox.wire import WIRE_DTYPES, check_meta
 
 KERNEL_MODULES = ("triton", "math", "__future__")
@@ -117,13 +117,13 @@ def _constant(name: Any, value: Any) -> Any:
 
 def kernels_from_source(source: str, constants: Any) -> dict[str, Any]:
     """name -> Triton kernel, rebuilt from the kernel part of the source's canonical text
-    (sandbox/replay_source.py: kernels, their triton/math imports, the `if`/`try` around them),
+    (sandbox/inside/replay_source.py: kernels, their triton/math imports, the `if`/`try` around them),
     compiled under the canonical text's label and line numbers, which linecache holds."""
     import triton
 
     from kernelloop.kernels.candidate.canonical import CanonicalError, canonical
     from kernelloop.kernels.candidate.loader import MODULE_NAME
-    from kernelloop.sandbox.replay_source import StructureError, kernel_part
+    from kernelloop.sandbox.inside.replay_source import StructureError, kernel_part
 
     if not isinstance(constants, dict) or len(constants) > 4096:
         raise ReplayError("constants must be an object of at most 4096 names")
@@ -169,7 +169,7 @@ def kernels_from_module(module_name: str) -> dict[str, Any]:
 class Replay:
     """Redoes one record on given inputs. `device`: where buffers live ("cpu" or "cuda").
 
-    Memory (sandbox/replay_memory.py): every buffer made during the call sits between guard zones,
+    Memory (sandbox/inside/replay_memory.py): every buffer made during the call sits between guard zones,
     poisoned with a pattern drawn per allocation; interpreted launches have every load and store
     checked against the buffers they were given (`check_addresses`, off only to test the guards).
     `check_guards()` after `run` refuses a store into a guard zone. Both raise
@@ -185,7 +185,7 @@ class Replay:
 
     def run(self, record: Any, inputs: list[torch.Tensor], order: int | None = None) -> list[torch.Tensor]:
         """The record's outputs, computed on `inputs`; `order` seeds the programs' order
-        (sandbox/program_order.py), None runs them in grid order."""
+        (sandbox/inside/program_order.py), None runs them in grid order."""
         with program_order(order, self.device):
             return self._run(record, inputs)
 

@@ -16,7 +16,7 @@ open and before any candidate code. It applies, in order (each layer holds witho
    `network`. ABI >= 6: no signals to, nor abstract-unix connects out of, the Landlock domain; and
    in any ABI no ptrace-style access (/proc/<pid>/mem, environ) to processes outside the domain.
    Shared libraries are still mapped executable (mmap is not an exec for Landlock).
-4. seccomp (sandbox/seccomp_bpf.py): refuses debugging, namespaces, mounts, keys, modules, BPF,
+4. seccomp (sandbox/inside/seccomp_bpf.py): refuses debugging, namespaces, mounts, keys, modules, BPF,
    perf, io_uring, mknod, sockets (unless `network`), fork, signals to other processes, and
    process creation other than the vfork style needed to start `allow_exec` programs.
 `harden_current_process()` makes the judge and fork server non-dumpable; `probe()` says whether
@@ -40,7 +40,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelloop.sandbox import seccomp_bpf
+from kernelloop.sandbox.inside import seccomp_bpf
 from kernelloop.sandbox.lifetime import die_with_parent, parent_death_signal
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -224,7 +224,7 @@ LAYERS = ("namespaces", "landlock", "capabilities", "seccomp")
 
 def confine(policy: Policy, layers: tuple[str, ...] = LAYERS) -> dict[str, str]:
     """Apply every layer to this (single-threaded, freshly forked) process or raise ConfinementError.
-    `layers` leaves some out: only for finding which layer breaks something (sandbox/cuda_check.py)."""
+    `layers` leaves some out: only for finding which layer breaks something (sandbox/judge/cuda_check.py)."""
     machine = os.uname().machine
     if machine not in seccomp_bpf.SYSCALLS:
         raise ConfinementError(f"seccomp: no syscall table for {machine} (x86_64 and aarch64 only)")

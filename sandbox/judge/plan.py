@@ -33,7 +33,7 @@ from kernelloop.sandbox.messages import Plan, Timing, Trial
 from kernelloop.sandbox.options import CheckOptions
 
 # On CUDA too, every trial's and every timed call's inputs and reference are computed on the judge's
-# CPU (sandbox/runner.py). An engine shape costing more than this in float32 would take seconds to
+# CPU (sandbox/judge/orchestrator.py). An engine shape costing more than this in float32 would take seconds to
 # minutes there per call (linear at 8192 x 128256 x 8192: 17 TFLOPs; an lm_head weight of 10^9
 # values), so the default CUDA picks stay within it. The memory-bound ops' largest engine shapes
 # (silu_mul at 8192 x 28672: 2.8 GB) are within it: their picks are unchanged. Shapes a caller asks
@@ -191,7 +191,7 @@ def race_dtype_case(spec: OpSpec, options: CheckOptions) -> dict[str, int] | Non
 
 def make_plan(spec: OpSpec, options: CheckOptions, seed: int, atomics: bool = False) -> Plan:
     """The trials (sandbox/messages.py: Trial) and the timing (Timing, or None without timing).
-    `atomics`: the candidate names a Triton atomic (sandbox/program_order.py: uses_atomics); see
+    `atomics`: the candidate names a Triton atomic (sandbox/inside/program_order.py: uses_atomics); see
     `race_dtype_case`."""
     rng = random.Random(seed)
     cases, dtypes, ranges = check_cases(spec, options), check_dtypes(spec, options), range_cases(spec, options)

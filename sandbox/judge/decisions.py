@@ -19,7 +19,7 @@ from kernelloop.kernels.candidate.runtime_purity import IMPURE
 from kernelloop.kernels.compare import Comparison, check_outputs
 from kernelloop.kernels.roofline import Rates
 from kernelloop.kernels.spec import OpSpec
-from kernelloop.sandbox.aliasing import overlap
+from kernelloop.sandbox.judge.aliasing import overlap
 from kernelloop.sandbox.verdict import Check, Verdict
 
 
@@ -88,7 +88,7 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
                outputs: list[torch.Tensor], inputs_after: list[torch.Tensor], inputs: list[torch.Tensor],
                expected: Any, device: str, shape: dict[str, int], compare: bool = True) -> Comparison | None:
     """One checked call of the candidate at `shape` (the op's tolerance there). Returns the comparison
-    when the outputs were compared. `compare` False (a race-only trial, sandbox/plan.py): every check
+    when the outputs were compared. `compare` False (a race-only trial, sandbox/judge/plan.py): every check
     but the values'."""
     if runtime_failure(v, facts, where):
         return None
@@ -116,7 +116,7 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
         if isinstance(ref, dict) and isinstance(ref.get("buf"), int) and ref["buf"] < n_inputs:
             v.fail("aliasing", f"{where}: output {i} shares memory with input {ref['buf']}")
             return None
-    pair = overlap(refs)  # sandbox/aliasing.py; a previous call's buffer is memory from nowhere (untraceable)
+    pair = overlap(refs)  # sandbox/judge/aliasing.py; a previous call's buffer is memory from nowhere (untraceable)
     if pair is not None:
         v.fail("aliasing", f"{where}: output {pair[0]} " + ("overlaps itself" if pair[0] == pair[1] else
                                                            f"shares memory with output {pair[1]}"))

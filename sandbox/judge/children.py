@@ -1,6 +1,6 @@
 """The judge's handles on sandboxed processes: start one, talk to it under a deadline, kill it.
 
-The conversation (sandbox/worker.py has the other side; sandbox/messages.py declares every message): a
+The conversation (sandbox/inside/worker.py has the other side; sandbox/messages.py declares every message): a
 runner answers "call" with "result"; a replayer answers "stage" with "staged", then "go" with "done".
 Every send and every read is bounded by the candidate's deadline; any message of the wrong kind, or
 whose keys or value types are not exactly the declared ones (`messages.parse`), is a
@@ -25,8 +25,8 @@ import torch
 
 from kernelloop.kernels.display import safe_text
 from kernelloop.sandbox import wire
-from kernelloop.sandbox.forkserver import ForkServer, start_fresh
-from kernelloop.sandbox.guards import memory_refused
+from kernelloop.sandbox.inside.guards import memory_refused
+from kernelloop.sandbox.judge.forkserver import ForkServer, start_fresh
 from kernelloop.sandbox.messages import Call, Done, Error, Facts, Go, Job, Record, Result, Stage, ToChild, parse
 
 LOG_TAIL_BYTES = 2000

@@ -1,15 +1,15 @@
 """The sandboxed processes: a *runner* calls one module's `forward`, a *replayer* redoes records.
 
 Both start as children of the fork server (or a fresh interpreter), confine themselves before any
-untrusted code exists in them (sandbox/confine.py: namespaces, Landlock, seccomp; then rlimits, an
+untrusted code exists in them (sandbox/inside/confine.py: namespaces, Landlock, seccomp; then rlimits, an
 allowlisted environment, a scratch cwd/HOME/TMPDIR, an audit hook as a second layer), then serve the
 judge one message at a time over their channel (sandbox/wire.py; the messages: sandbox/messages.py).
 Neither decides anything: the runner sends back what `forward` returned plus the record of how
-(sandbox/trace.py); the replayer sends back what the record computes (sandbox/replay.py). They never
+(sandbox/inside/trace.py); the replayer sends back what the record computes (sandbox/inside/replay.py). They never
 see seeds, expected outputs, the plan, clocks the judge reads, or the other side's code.
 
 Runner, per "call": inputs in -> outputs, the inputs as they are afterwards, the record, facts; per
-"capture" (--compile-for): its launches at given shapes, described on meta inputs (sandbox/capture.py).
+"capture" (--compile-for): its launches at given shapes, described on meta inputs (sandbox/inside/capture.py).
 Replayer, per call: "stage" (record + inputs), then "go": replay, answered by "done" with the outputs
 and the inputs afterwards (on CUDA with the event time measured here, since no candidate Python runs
 in this process on a GPU).
@@ -32,11 +32,12 @@ from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork server before any fork)
 from kernelloop.kernels.spec import parse_dtype
 from kernelloop.kernels.timing import l2_flusher
-from kernelloop.sandbox import capture, guards, trace, wire
-from kernelloop.sandbox.compile_child import serve_compiles
+from kernelloop.sandbox import wire
+from kernelloop.sandbox.inside import capture, guards, trace
+from kernelloop.sandbox.inside.compile_child import serve_compiles
+from kernelloop.sandbox.inside.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
 from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts
 from kernelloop.sandbox.messages import Done, Error, Facts, Job, Load, Ready, Record, Result, Staged, conform, parse
-from kernelloop.sandbox.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
 
 
 def _prewarm() -> None:
@@ -88,7 +89,7 @@ def _setup(job: Job) -> dict[str, str]:
     scratch = Path(job["scratch"])
     facts = {"process_group": "own session" if job.get("own_session", True) else "the launcher's session"}
     if job.get("confine", True):
-        from kernelloop.sandbox.confine import Policy, confine
+        from kernelloop.sandbox.inside.confine import Policy, confine
 
         facts.update(confine(Policy(scratch=scratch, allow_exec=tuple(job.get("allow_exec", ())))))
     else:
@@ -103,7 +104,7 @@ def _no_more_threads(job: Job) -> None:
     """On CPU nothing legitimate starts a thread or a process after warm-up: the kernel refuses them.
     (On CUDA Triton still compiles, i.e. spawns ptxas and the C compiler, on a kernel's first launch.)"""
     if job["device"] == "cpu" and job.get("confine", True):
-        from kernelloop.sandbox.confine import forbid_new_threads
+        from kernelloop.sandbox.inside.confine import forbid_new_threads
 
         forbid_new_threads()
 

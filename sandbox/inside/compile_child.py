@@ -1,8 +1,8 @@
 """The compile process of `--compile-for`: a candidate's described launches compiled for GPU targets.
 
 A fresh process in compiled Triton (TRITON_INTERPRET=0), confined like every sandboxed process
-(sandbox/confine.py; it may execute Triton's bundled ptxas and nothing else), in which no candidate
-Python ever ran: the kernels are rebuilt from the judge's copy of the source by sandbox/replay.py's
+(sandbox/inside/confine.py; it may execute Triton's bundled ptxas and nothing else), in which no candidate
+Python ever ran: the kernels are rebuilt from the judge's copy of the source by sandbox/inside/replay.py's
 `kernels_from_source` (the kernel part of its canonical text, as the replayer does; compiled Triton
 turns their bodies into IR and never runs them). After "ready" and "load" it answers one "compile" message
 {"targets": ["sm90", ...], "launches": [{"kernel", "args", "kwargs"}, ...]} with "compiled":
@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from kernelloop.kernels.target_compile import TARGETS, CompileResult, Launch, compile_launch, specialise
-from kernelloop.sandbox import guards, wire
+from kernelloop.sandbox import wire
+from kernelloop.sandbox.inside import guards
+from kernelloop.sandbox.inside.replay import ReplayError, kernels_from_source
 from kernelloop.sandbox.messages import Compiled, CompiledFields, CompiledLaunch, Job, Load, parse
-from kernelloop.sandbox.replay import ReplayError, kernels_from_source
 
 MAX_LAUNCHES = 256  # the judge sends at most 16 per shape, 3 groups per dtype
 MAX_ARGS = 64

@@ -5,7 +5,7 @@ over the Unix socket FD, one at a time, each tagged with an id that its reply re
 sandbox/messages.py: StartRequest, StartReply, WaitRequest, WaitReply; the job is messages.Job):
 
     {"op": "start", "id": n, "job": {...}} + two fds (the child's channel end, its log file)
-        -> {"id": n, "pid": p}        the child runs sandbox.worker.child_main
+        -> {"id": n, "pid": p}        the child runs sandbox.inside.worker.child_main
     {"op": "wait", "id": n, "pid": p} -> {"id": n, "status": s}   (waitpid; negative: killed by signal)
 
 The server never initialises CUDA: a child that forked from a process with CUDA state cannot use
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelloop import IMPORT_ROOT
 from kernelloop.kernels.ops import OP_PACKAGES_ENV, extra_packages, op_import_roots
-from kernelloop.sandbox.guards import ENV_KEEP
+from kernelloop.sandbox.inside.guards import ENV_KEEP
 from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts, spawn_python
 
 if TYPE_CHECKING:  # (messages imports torch; the fork server imports it only in `serve`)
@@ -90,7 +90,7 @@ class ForkServer:
         if self._proc is None or self._proc.poll() is not None:
             ours, theirs = socket.socketpair()
             self._proc = spawn_python(
-                f"from kernelloop.sandbox.forkserver import serve; serve({theirs.fileno()}, {os.getpid()})",
+                f"from kernelloop.sandbox.judge.forkserver import serve; serve({theirs.fileno()}, {os.getpid()})",
                 env=clean_env(self.device), pass_fds=[theirs.fileno()], cwd="/", stdin=subprocess.DEVNULL)
             theirs.close()
             self._sock = ours
@@ -166,7 +166,7 @@ class ForkServer:
 def start_fresh(job: Job, chan_fd: int, log_fd: int) -> tuple[int, Any]:
     """The same child in a fresh interpreter (no fork server): the slow path and the benchmark's reference."""
     proc = spawn_python(
-        f"from kernelloop.sandbox.worker import run_fresh; run_fresh({chan_fd}, {log_fd}, {os.getpid()})",
+        f"from kernelloop.sandbox.inside.worker import run_fresh; run_fresh({chan_fd}, {log_fd}, {os.getpid()})",
         env=clean_env(job["device"]), pass_fds=[chan_fd, log_fd], stdin=subprocess.PIPE, cwd="/")
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
@@ -203,11 +203,11 @@ def serve(fd: int, judge: int) -> None:
     ignore_interrupts()  # inherited by every child
     import torch
 
-    from kernelloop.sandbox.confine import harden_current_process
+    from kernelloop.sandbox.inside.confine import harden_current_process
 
     harden_current_process()  # the server exits when the judge's end of the socket closes
     saved = _forbid_cuda()
-    from kernelloop.sandbox import worker  # the warm-up: torch, triton, the op library
+    from kernelloop.sandbox.inside import worker  # the warm-up: torch, triton, the op library
 
     sock = socket.socket(fileno=fd)
     while True:

@@ -1,9 +1,9 @@
-"""The memory of one replayed call (sandbox/replay.py): its buffers, what each launch may touch, and
+"""The memory of one replayed call (sandbox/inside/replay.py): its buffers, what each launch may touch, and
 the guard zones around everything made during the call.
 
 Buffer i is the call's input i (the tensor the judge sent, with its view) or the i-th storage made
 during the call, which lives `base` bytes into a larger allocation between two random guard zones
-(sandbox/poison.py). Allocations are poisoned with a pattern drawn for each; a storage an op made
+(sandbox/inside/poison.py). Allocations are poisoned with a pattern drawn for each; a storage an op made
 (zeros, clone, cat, a literal) is copied into its guarded home.
 
 What a launch may touch (kernels/interpreter_bounds.py, interpreted launches): for an input, the
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
-from kernelloop.sandbox.poison import Guarded, fill
+from kernelloop.sandbox.inside.poison import Guarded, fill
 
 
 class Buffers:

@@ -1,14 +1,14 @@
 """Whether a confined process can use CUDA; where it cannot, which confinement layer breaks it.
 
-A candidate's process is confined (sandbox/confine.py: namespaces, Landlock, capabilities, seccomp;
-then the limits of sandbox/guards.py) before it touches the GPU, and nothing on a CPU machine shows
+A candidate's process is confined (sandbox/inside/confine.py: namespaces, Landlock, capabilities, seccomp;
+then the limits of sandbox/inside/guards.py) before it touches the GPU, and nothing on a CPU machine shows
 that CUDA still initialises under all of that. `check()` answers it on the machine at hand: a fresh
-interpreter (`python -m kernelloop.sandbox.cuda_check`: no CUDA state to inherit) forks a child that
+interpreter (`python -m kernelloop.sandbox.judge.cuda_check`: no CUDA state to inherit) forks a child that
 confines itself as a candidate's process does, initialises CUDA and runs one kernel. The judge runs it
-once per process before judging on a GPU (sandbox/runner.py), so a machine whose confinement breaks
+once per process before judging on a GPU (sandbox/judge/orchestrator.py), so a machine whose confinement breaks
 CUDA is one clear error, never a `crash` verdict for every candidate.
 
-`python -m kernelloop.sandbox.cuda_check --layers` tries each layer alone and the layers cumulatively
+`python -m kernelloop.sandbox.judge.cuda_check --layers` tries each layer alone and the layers cumulatively
 and prints a table with each failure's full text: a GPU lease has one try, so it says at once which
 layer to change.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 from kernelloop import IMPORT_ROOT
 
 CHILD_TIMEOUT_S = 120  # CUDA context creation on a cold H200: a few seconds
-LIMITS = "limits"  # sandbox/guards.py's isolate(), after confine(): not a layer of confine() itself
+LIMITS = "limits"  # sandbox/inside/guards.py's isolate(), after confine(): not a layer of confine() itself
 
 
 def _exercise_cuda() -> None:
@@ -64,8 +64,8 @@ def run_confined(layers: tuple[str, ...], limits: bool, work=_exercise_cuda) -> 
     """Fork a child that applies `layers` of confine() (and the limits when `limits`), then runs
     `work`; None when it succeeded, else the child's full error text. The caller must not have
     initialised CUDA (a forked child cannot use a parent's CUDA state)."""
-    from kernelloop.sandbox.confine import Policy, confine
-    from kernelloop.sandbox.guards import isolate
+    from kernelloop.sandbox.inside.confine import Policy, confine
+    from kernelloop.sandbox.inside.guards import isolate
 
     scratch = Path(tempfile.mkdtemp(prefix="kernelloop-cuda-check-"))
     read, write = os.pipe()
@@ -75,7 +75,7 @@ def run_confined(layers: tuple[str, ...], limits: bool, work=_exercise_cuda) -> 
         try:
             os.close(read)
             confine(Policy(scratch), layers)
-            os.environ.update(HOME=str(scratch), TMPDIR=str(scratch))  # as sandbox/worker.py's setup
+            os.environ.update(HOME=str(scratch), TMPDIR=str(scratch))  # as sandbox/inside/worker.py's setup
             tempfile.tempdir = str(scratch)
             if limits:
                 isolate(scratch, memory_mb=4096, cpu_seconds=CHILD_TIMEOUT_S, device="cuda")
@@ -105,7 +105,7 @@ def run_confined(layers: tuple[str, ...], limits: bool, work=_exercise_cuda) -> 
 
 def diagnose(work=_exercise_cuda) -> list[tuple[str, str]]:
     """(layers applied, "ok" or the error) for: none, each layer alone, then the layers cumulatively."""
-    from kernelloop.sandbox.confine import LAYERS
+    from kernelloop.sandbox.inside.confine import LAYERS
 
     plans: list[tuple[tuple[str, ...], bool]] = [((), False)]
     plans += [((layer,), False) for layer in LAYERS] + [((), True)]
@@ -125,7 +125,7 @@ def check() -> str | None:
     per process, in a fresh interpreter (this one may already hold CUDA state)."""
     if not _CHECKED:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(IMPORT_ROOT), os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.run([sys.executable, "-m", "kernelloop.sandbox.cuda_check", "--json"], env=env,
+        proc = subprocess.run([sys.executable, "-m", "kernelloop.sandbox.judge.cuda_check", "--json"], env=env,
                               capture_output=True, text=True, timeout=CHILD_TIMEOUT_S + 60)
         try:
             _CHECKED.append(json.loads(proc.stdout.strip().splitlines()[-1])["error"])
@@ -136,13 +136,13 @@ def check() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernelloop.sandbox.cuda_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kernelloop.sandbox.judge.cuda_check", description=__doc__.split("\n")[0])
     parser.add_argument("--layers", action="store_true", help="try each confinement layer alone and cumulatively")
     parser.add_argument("--json", action="store_true", help="print {\"error\": null | text} (the judge reads it)")
     parser.add_argument("--rehearse", action="store_true",
                         help="no GPU: check CUDA's stand-in (naming a helper thread) instead of CUDA")
     args = parser.parse_args(argv)
-    from kernelloop.sandbox.confine import LAYERS
+    from kernelloop.sandbox.inside.confine import LAYERS
 
     work = name_a_new_thread if args.rehearse else _exercise_cuda
     if args.layers:

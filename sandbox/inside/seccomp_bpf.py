@@ -1,7 +1,7 @@
 """A hand-assembled classic-BPF seccomp filter for the candidate's process (no libseccomp).
 
 `build(...)` returns the filter program as bytes (an array of `struct sock_filter`) for the machine
-it runs on; `sandbox.confine` installs it. The filter:
+it runs on; `sandbox.inside.confine` installs it. The filter:
 - kills the process on a foreign syscall ABI (i386 `int 0x80` on x86_64, arm32 on aarch64) and
   refuses x32 syscall numbers, so no second syscall table slips past the checks below;
 - refuses (EPERM) the syscalls in `ALWAYS_DENIED` (debugging other processes, namespaces, mounts,

@@ -1,7 +1,7 @@
-"""Outputs that share memory: the judge's check on a call's record (sandbox/trace.py `outputs`).
+"""Outputs that share memory: the judge's check on a call's record (sandbox/inside/trace.py `outputs`).
 
 Ops are out of place: every output is a tensor of its own. The record already makes an output that
-is an input `aliasing` (sandbox/judge.py) and one that is neither an input nor allocated during the
+is an input `aliasing` (sandbox/judge/decisions.py) and one that is neither an input nor allocated during the
 call "memory from nowhere" (`untraceable`: an output buffer kept from a previous call). What is
 left is outputs sharing bytes with each other, or an output overlapping itself (a stride-0 or
 overlapping view): `overlap(refs)` finds them exactly, element by element, where a cheap test

@@ -1,6 +1,6 @@
 """Recording one `forward` call as data the replay can redo without the candidate's Python.
 
-Runs in the candidate's process (sandbox/worker.py). During one call, a TorchDispatchMode sees every
+Runs in the candidate's process (sandbox/inside/worker.py). During one call, a TorchDispatchMode sees every
 aten op the candidate's Python side runs, and a hook on Triton's launch path sees every kernel
 launch. The record lists, in order:
 
@@ -13,7 +13,7 @@ and `outputs`: how each returned tensor is a view of a buffer. Buffers are the c
 order). Tensors in the record are references: {"buf", "offset", "shape", "stride", "dtype"} (aten
 args, outputs) or {"ptr": buf, "byte_offset", "dtype"} (kernel pointers). Views and host reads are
 not recorded: they move no data. Ops that compute (anything outside ALLOWED_ATEN) are noted as
-forbidden. Fresh allocations are poisoned with a pattern drawn per allocation (sandbox/poison.py), as
+forbidden. Fresh allocations are poisoned with a pattern drawn per allocation (sandbox/inside/poison.py), as
 they are in the replay, independently.
 
 A literal is an integer or bool tensor made from Python values (`idx[0] = n` lifts `n` into a 0-d
@@ -39,8 +39,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelloop.kernels import interpreter_bounds as bounds
-from kernelloop.sandbox.guards import out_of_memory
-from kernelloop.sandbox.poison import poison
+from kernelloop.sandbox.inside.guards import out_of_memory
+from kernelloop.sandbox.inside.poison import poison
 from kernelloop.sandbox.wire import WIRE_NAMES
 
 # aten ops a candidate's Python side may run: allocation, views, copies and fills; nothing that computes.

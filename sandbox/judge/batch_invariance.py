@@ -21,8 +21,8 @@ import torch
 
 from kernelloop.kernels import interpreter_autotune
 from kernelloop.kernels.spec import OpSpec, dtype_name
-from kernelloop.sandbox.judge import same_bits
-from kernelloop.sandbox.plan import trial_inputs
+from kernelloop.sandbox.judge.decisions import same_bits
+from kernelloop.sandbox.judge.plan import trial_inputs
 
 # The probe's batch sizes are drawn from the judge's secret seed, one from each stratum (CPU: few rows,
 # the interpreter runs a program per row in ~1 ms; CUDA: more), at a drawn position: a kernel invariant

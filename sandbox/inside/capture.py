@@ -1,10 +1,10 @@
 """Describing the launches a candidate's `forward` makes at shapes it is never run at (runner side).
 
-Runs in the runner (sandbox/worker.py), the process that imported the candidate, for the judge's
+Runs in the runner (sandbox/inside/worker.py), the process that imported the candidate, for the judge's
 "capture" message: per requested (shape, dtype), `forward` is called on meta inputs
 (`kernels.target_compile.meta_inputs`: no data, so an engine shape costs nothing) while every
 `kernel[grid](...)` is recorded instead of run. The answer is plain JSON, launches in the record
-format of sandbox/trace.py (tensors as {"ptr", "byte_offset", "dtype"}, the buffer id meaningless):
+format of sandbox/inside/trace.py (tensors as {"ptr", "byte_offset", "dtype"}, the buffer id meaningless):
 
     {"type": "captured", "shapes": [{"launches": [{"kernel", "args", "kwargs"}, ...], "error": None}, ...],
      "violations": [...]}
@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 from kernelloop.kernels.spec import OpSpec, dtype_name, parse_dtype
 from kernelloop.kernels.target_compile import meta_inputs
-from kernelloop.sandbox import guards, trace
+from kernelloop.sandbox.inside import guards, trace
 from kernelloop.sandbox.messages import Capture, Captured, CapturedShape, Error
 
 MAX_REQUESTS = 16

@@ -1,9 +1,9 @@
 """The timing phase of a correct candidate: A/B against the baseline, in rounds, every call checked.
 
-A mixin of `sandbox.runner.Sandbox` (which provides `options`, `progress`, `fingerprint`, `_spawn`,
+A mixin of `sandbox.judge.orchestrator.Sandbox` (which provides `options`, `progress`, `fingerprint`, `_spawn`,
 `_checked_call`, `_phase`, `_children`, `_budget`). The baseline (the registry's current choice for
 the device, dtype and bucket, else the op's own kernel) runs in its own runner and replayer, confined
-like a candidate. Timing has the rest of the candidate's budget (sandbox/budget.py); a candidate cut
+like a candidate. Timing has the rest of the candidate's budget (sandbox/judge/budget.py); a candidate cut
 off here stays correct and is not accepted (`timing-incomplete`).
 """
 
@@ -19,11 +19,11 @@ from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.registry.store import Registry
 from kernelloop.kernels.roofline import device_rates
 from kernelloop.kernels.spec import OpSpec, parse_dtype
-from kernelloop.sandbox import judge as judging
 from kernelloop.sandbox import wire
-from kernelloop.sandbox.children import Child, Refused
+from kernelloop.sandbox.judge import decisions as judging
+from kernelloop.sandbox.judge.children import Child, Refused
+from kernelloop.sandbox.judge.plan import timing_dtype, timing_shape, trial_inputs
 from kernelloop.sandbox.messages import Timing
-from kernelloop.sandbox.plan import timing_dtype, timing_shape, trial_inputs
 from kernelloop.sandbox.verdict import Verdict
 
 CPU_ROUND_BUDGET_S = 0.1  # CPU: a timing round stops adding calls once each side has this much replay time
@@ -31,7 +31,7 @@ CPU_ROUND_BUDGET_S = 0.1  # CPU: a timing round stops adding calls once each sid
 
 def planned_timing(spec: OpSpec, options: Any) -> tuple[dict, str]:
     """(shape, dtype) the plan times a candidate at, as asked (before the CPU cuts it to the
-    interpreter's scale): what the registry's bucket is chosen by (sandbox.plan.make_plan)."""
+    interpreter's scale): what the registry's bucket is chosen by (sandbox.judge.plan.make_plan)."""
     shape = dict(options.timing_shape) if options.timing_shape else timing_shape(spec, options)
     return shape, timing_dtype(spec, options)
 
@@ -67,7 +67,7 @@ class ABTiming:
     def _baseline(self, spec: OpSpec, timing: Timing, v: Verdict) -> tuple[str | None, str]:
         """(source or None for the op's own kernel, label): the baseline given as data
         (`options.baseline`, from a cluster's head), else the registry's current choice for the bucket
-        asked for (the CPU may time a smaller shape, sandbox.plan), else the op's own kernel."""
+        asked for (the CPU may time a smaller shape, sandbox.judge.plan), else the op's own kernel."""
         found = self.options.baseline or registry_baseline(
             spec, self.options, self.fingerprint, timing.get("asked_shape", timing["shape"]), timing["dtype"])
         if found is not None:

@@ -2,11 +2,11 @@
 
 After a correct battery, per checked dtype, at the op's largest test shape and its largest engine shape:
 1. the runner (the candidate's own process) describes the launches its `forward` makes there on meta
-   inputs ("capture", sandbox/capture.py): a claim, nothing more;
+   inputs ("capture", sandbox/inside/capture.py): a claim, nothing more;
 2. a fresh compiled-Triton process, confined, where no candidate Python ever ran, rebuilds the kernels
    from the judge's copy of the source and compiles for each target the described launches and the
    launches the candidate really made at the test shape (its trial records, which the replay verified)
-   (sandbox/compile_child.py);
+   (sandbox/inside/compile_child.py);
 3. the judge refuses (`compile-target`) a launch that does not compile, spills registers or needs more
    shared memory than the target has, a description it cannot use, and, at the test shape, described
    launches that differ from the real ones (kernel, constexprs, warps, stages).
@@ -23,10 +23,10 @@ from kernelloop.common.errors import KernelloopError
 from kernelloop.kernels.spec import OpSpec, parse_dtype
 from kernelloop.kernels.target_compile import TARGETS, CompileResult, parse_targets
 from kernelloop.sandbox import wire
-from kernelloop.sandbox.children import Child
-from kernelloop.sandbox.executables import ptxas
-from kernelloop.sandbox.forkserver import ForkServer
-from kernelloop.sandbox.judge import label
+from kernelloop.sandbox.judge.children import Child
+from kernelloop.sandbox.judge.decisions import label
+from kernelloop.sandbox.judge.executables import ptxas
+from kernelloop.sandbox.judge.forkserver import ForkServer
 from kernelloop.sandbox.messages import Capture, CaptureRequest, Compile, Load, Plan, Record, Trial
 from kernelloop.sandbox.verdict import Verdict
 

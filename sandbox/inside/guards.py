@@ -1,4 +1,4 @@
-"""Python-level guards: the second layer, inside a sandboxed process, after sandbox/confine.py.
+"""Python-level guards: the second layer, inside a sandboxed process, after sandbox/inside/confine.py.
 
 The operating system (confine.py) is what confines a candidate; these make attempts visible and
 named in the verdict, and close what is cheap to close in Python:
@@ -26,7 +26,7 @@ ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"
 
 
 def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dict[str, str]:
-    """Limits, environment and working directory (after sandbox.confine); returns facts for the verdict.
+    """Limits, environment and working directory (after sandbox.inside.confine); returns facts for the verdict.
     On CUDA the memory limit comes later (`limit_memory`, once the CUDA context exists)."""
     facts = {}
     _set_limits({

@@ -1,14 +1,14 @@
 """Judging candidates: the judge's side of the process layout, and the verdicts.
 
-Per candidate, from a pre-warmed fork server (sandbox/forkserver.py), all confined (sandbox/confine.py):
+Per candidate, from a pre-warmed fork server (sandbox/judge/forkserver.py), all confined (sandbox/inside/confine.py):
   runner    loads the candidate and calls its `forward` on inputs the judge sends, one call at a
             time, returning the outputs and a record of its aten ops and Triton launches;
   replayer  rebuilds only the candidate's `@triton.jit` kernels from the judge's copy of the source
             and redoes each record on the same inputs: its output must equal the runner's, bit for
             bit (else the result was made outside the kernels, or they are nondeterministic);
-and for timing (sandbox/ab_timing.py), a runner and a replayer for the baseline (the registry's
+and for timing (sandbox/judge/timing.py), a runner and a replayer for the baseline (the registry's
 current choice, else the op's baseline kernel), in which no candidate ever ran. Correctness and
-timing each have their share of the candidate's budget (sandbox/budget.py).
+timing each have their share of the candidate's budget (sandbox/judge/budget.py).
 
 The judge (this process) owns the plan and its seeds, generates every input, computes every
 expected output, holds the clock on CPU (it times the replayer's "go" from outside; on CUDA the
@@ -39,19 +39,20 @@ from kernelloop.kernels.compare import Comparison
 from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.spec import OpSpec
-from kernelloop.sandbox import batch_invariance, wire
-from kernelloop.sandbox import judge as judging
-from kernelloop.sandbox.ab_timing import ABTiming
-from kernelloop.sandbox.budget import Budget, timeout_s
-from kernelloop.sandbox.children import Child, MemoryExceeded, Refused
-from kernelloop.sandbox.compile_check import CompileCheck, compile_setup
-from kernelloop.sandbox.executables import cuda_executables
-from kernelloop.sandbox.forkserver import ForkServer
-from kernelloop.sandbox.guards import memory_refused
+from kernelloop.sandbox import wire
+from kernelloop.sandbox.inside.guards import memory_refused
+from kernelloop.sandbox.inside.program_order import race_orders, uses_atomics
+from kernelloop.sandbox.judge import batch_invariance
+from kernelloop.sandbox.judge import decisions as judging
+from kernelloop.sandbox.judge.budget import Budget, timeout_s
+from kernelloop.sandbox.judge.children import Child, MemoryExceeded, Refused
+from kernelloop.sandbox.judge.compile_check import CompileCheck, compile_setup
+from kernelloop.sandbox.judge.executables import cuda_executables
+from kernelloop.sandbox.judge.forkserver import ForkServer
+from kernelloop.sandbox.judge.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
+from kernelloop.sandbox.judge.timing import ABTiming
 from kernelloop.sandbox.messages import Job, Load, Plan, Record
 from kernelloop.sandbox.options import CheckOptions
-from kernelloop.sandbox.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
-from kernelloop.sandbox.program_order import race_orders, uses_atomics
 from kernelloop.sandbox.verdict import Verdict
 
 
@@ -70,13 +71,13 @@ class _Trial:
     record: Record
     limit: int
     comparison: Comparison | None
-    orders: tuple[int | None, ...] = (None,)  # the programs' orders to replay it in (sandbox/program_order.py)
+    orders: tuple[int | None, ...] = (None,)  # the programs' orders to replay it in (sandbox/inside/program_order.py)
 
 
 class Sandbox(ABTiming):
     """Judges candidates for one device with one set of options; reuse it for a batch. With
     `options.compile_for`, every correct candidate must also compile for those GPU targets
-    (sandbox/compile_check.py)."""
+    (sandbox/judge/compile_check.py)."""
 
     def __init__(self, options: CheckOptions, progress: Progress | None = None) -> None:
         self.options = options
@@ -84,8 +85,8 @@ class Sandbox(ABTiming):
         self.fingerprint = device_fingerprint(options.device)
         self.seed = master_seed(options)
         if not options.unconfined:
-            from kernelloop.sandbox.confine import harden_current_process, probe
-            from kernelloop.sandbox.cuda_check import check as cuda_check
+            from kernelloop.sandbox.inside.confine import harden_current_process, probe
+            from kernelloop.sandbox.judge.cuda_check import check as cuda_check
 
             reason = probe()
             if reason:
@@ -94,7 +95,7 @@ class Sandbox(ABTiming):
             if options.device == "cuda" and (reason := cuda_check()):
                 raise SandboxUnavailable(
                     f"CUDA does not work in a confined process on this machine ({reason}); "
-                    "`python -m kernelloop.sandbox.cuda_check --layers` shows which layer breaks it")
+                    "`python -m kernelloop.sandbox.judge.cuda_check --layers` shows which layer breaks it")
             harden_current_process()
         self.server = ForkServer(options.device) if options.fork_server else None
         self.executables: tuple[str, ...] = ()
@@ -123,7 +124,7 @@ class Sandbox(ABTiming):
         start = time.monotonic()
         v = Verdict(op=op, device=self.fingerprint, file=filename, sha256=_sha256(source))
         # The plan depends on the options only: a bad option (an unknown dtype) is the caller's error.
-        atomics = uses_atomics(source)  # replayed in several orders, and in float32 (sandbox/plan.py)
+        atomics = uses_atomics(source)  # replayed in several orders, and in float32 (sandbox/judge/plan.py)
         plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16), atomics)
         self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
         try:  # any failure of a check on the candidate's text is a verdict, never a raise

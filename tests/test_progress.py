@@ -139,6 +139,7 @@ def _steps(messages: list[str]) -> list[Step]:
 def test_sandbox_battery_steps_count_trials_against_the_correctness_deadline(tmp_path: Path) -> None:
     from kernelloop.kernels import get_op
     from kernelloop.sandbox import CheckOptions
+    from kernelloop.sandbox.judge.candidate_run import CandidateRun
     from kernelloop.sandbox.judge.orchestrator import Sandbox
     from kernelloop.sandbox.verdict import Verdict
 
@@ -152,12 +153,12 @@ def test_sandbox_battery_steps_count_trials_against_the_correctness_deadline(tmp
         def __init__(self) -> None:
             self.options, self.compile_for, self.answered = CheckOptions(device="cpu", timing=False), (), 0
             self.progress, self.messages = self.messages_append, []
-            self._deadline, self._phase = time.monotonic() + 50, "starting"
+            self.run = CandidateRun(budget=SimpleNamespace(total_s=50.0), memory_mb=0, deadline=time.monotonic() + 50)
 
         def messages_append(self, message: str) -> None:
             self.messages.append(message)
 
-        def _spawn(self, *args, **kwargs):  # noqa: ANN002,ANN003,ANN202
+        def spawn(self, *args, **kwargs):  # noqa: ANN002,ANN003,ANN202
             return child, {"type": "load", "ok": True, "error": None, "constants": {}, "violations": []}
 
         def _answer(self, v, spec, runner, where, args, expected, shape, compare=True):  # noqa: ANN001,ANN202
@@ -172,38 +173,31 @@ def test_sandbox_battery_steps_count_trials_against_the_correctness_deadline(tmp
     steps = _steps(sandbox.messages)
     assert [(s.task, s.done, s.total) for s in steps] == [("sandbox battery", i, 5) for i in (1, 2, 3)]
     assert steps[0].startswith("trial 1/5 (float32 ") and steps[0].detail in steps[0]
-    assert all(s.deadline == sandbox._deadline for s in steps)
+    assert all(s.deadline == sandbox.run.deadline for s in steps)
 
 
 def test_sandbox_timing_steps_count_rounds_and_say_the_budget_left(tmp_path: Path) -> None:
     from kernelloop.kernels import get_op
-    from kernelloop.sandbox.judge.timing import ABTiming
+    from kernelloop.sandbox.judge.timing import ABTimer
     from kernelloop.sandbox.verdict import Verdict
 
     spec = get_op("rmsnorm")
     messages: list[str] = []
 
-    class Timing(ABTiming):
-        options = SimpleNamespace(device="cpu")
-        progress = staticmethod(messages.append)
-        _budget = SimpleNamespace(total_s=180.0)
-        _deadline = time.monotonic() + 61
-        _phase = ""
-
-        def _baseline_children(self, spec, timing, v, work):  # noqa: ANN001,ANN202
-            return None, None, "baseline"
-
-        def _checked_call(self, target, spec, runner, replayer, where, args, expected, shape):  # noqa: ANN001,ANN202
-            return 0.001
+    run = SimpleNamespace(budget=SimpleNamespace(total_s=180.0), deadline=time.monotonic() + 61, phase="")
+    sandbox = SimpleNamespace(options=SimpleNamespace(device="cpu"), progress=messages.append, run=run,
+                              checked_call=lambda *args: 0.001)  # the candidate and the baseline, every call
+    timer = ABTimer(sandbox)
+    timer.baseline_children = lambda spec, timing, v, work: (None, None, "baseline")
 
     timing = {"shape": dict(spec.test_shapes[0]), "dtype": "float32", "rounds": [[1], [2], [3], [4]]}
     rounds: list = []
-    assert Timing()._time_rounds(spec, timing, Verdict(op="rmsnorm", device="", file="", sha256=""), tmp_path,
+    assert timer.time_rounds(spec, timing, Verdict(op="rmsnorm", device="", file="", sha256=""), tmp_path,
                                  None, None, rounds)
     steps = _steps(messages)
     assert [(s.task, s.done, s.total) for s in steps] == [("sandbox timing", r, 4) for r in (1, 2, 3, 4)]
     assert steps[0].startswith("timing round 1/4 (") and "s of the 180 s budget left" in steps[0]
-    assert all(s.deadline == Timing._deadline and 55 <= s.seconds_left() <= 61 for s in steps)
+    assert all(s.deadline == run.deadline and 55 <= s.seconds_left() <= 61 for s in steps)
     assert len(rounds) == 4
 
 

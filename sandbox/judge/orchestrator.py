@@ -45,12 +45,13 @@ from kernelloop.sandbox.inside.program_order import race_orders, uses_atomics
 from kernelloop.sandbox.judge import batch_invariance
 from kernelloop.sandbox.judge import decisions as judging
 from kernelloop.sandbox.judge.budget import Budget, timeout_s
+from kernelloop.sandbox.judge.candidate_run import CandidateRun
 from kernelloop.sandbox.judge.children import Child, MemoryExceeded, Refused
 from kernelloop.sandbox.judge.compile_check import CompileCheck, compile_setup
 from kernelloop.sandbox.judge.executables import cuda_executables
 from kernelloop.sandbox.judge.forkserver import ForkServer
 from kernelloop.sandbox.judge.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
-from kernelloop.sandbox.judge.timing import ABTiming
+from kernelloop.sandbox.judge.timing import ABTimer
 from kernelloop.sandbox.messages import Job, Load, Plan, Record
 from kernelloop.sandbox.options import CheckOptions
 from kernelloop.sandbox.verdict import Verdict
@@ -74,7 +75,7 @@ class _Trial:
     orders: tuple[int | None, ...] = (None,)  # the programs' orders to replay it in (sandbox/inside/program_order.py)
 
 
-class Sandbox(ABTiming):
+class Sandbox:
     """Judges candidates for one device with one set of options; reuse it for a batch. With
     `options.compile_for`, every correct candidate must also compile for those GPU targets
     (sandbox/judge/compile_check.py)."""
@@ -104,8 +105,8 @@ class Sandbox(ABTiming):
             self.executables = cuda_executables(major * 10 + minor)
         self.compile_for, self._compiler, self._compile_exec = compile_setup(
             options.compile_for, options.device, options.fork_server, self.server)
-        self._children: list[Child] = []
-        self._phase = "starting"
+        self.run: CandidateRun | None = None  # the candidate being judged (sandbox/judge/candidate_run.py)
+        self.timer = ABTimer(self)
 
     def close(self) -> None:
         for server in {id(s): s for s in (self.server, self._compiler) if s is not None}.values():
@@ -126,7 +127,7 @@ class Sandbox(ABTiming):
         # The plan depends on the options only: a bad option (an unknown dtype) is the caller's error.
         atomics = uses_atomics(source)  # replayed in several orders, and in float32 (sandbox/judge/plan.py)
         plan = make_plan(spec, self.options, self.seed ^ int(v.sha256[:15], 16), atomics)
-        self._memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
+        memory_mb = self.options.memory_mb + harness_memory_mb(spec, plan, self.options.device)
         try:  # any failure of a check on the candidate's text is a verdict, never a raise
             problem = None
             if self.options.static_check:
@@ -144,55 +145,56 @@ class Sandbox(ABTiming):
         if self.server is not None:  # the fork server's start-up is the judge's time, never the candidate's
             start += self.server.boot()
         work = Path(tempfile.mkdtemp(prefix="kernelloop-sandbox-"))
-        self._budget = Budget(start, timeout_s(self.options), timed=bool(plan["timing"]))
-        self._deadline, self._phase, self._children = self._budget.correctness_deadline, "starting", []
-        self._start_s = 0.0
+        budget = Budget(start, timeout_s(self.options), timed=bool(plan["timing"]))
+        run = self.run = CandidateRun(budget, memory_mb, budget.correctness_deadline)
         try:
             self._judge(spec, source, filename, plan, v, work, atomics)
         except wire.ChannelTimeout:
-            v.fail("timeout", f"{self._budget.correctness_cut()} (during {self._phase})")
+            v.fail("timeout", f"{run.budget.correctness_cut()} (during {run.phase})")
         except MemoryExceeded:
-            v.fail("memory", f"memory limit of {self.options.memory_mb} MiB (+{self._memory_mb - self.options.memory_mb} "
-                   f"MiB for the harness) exceeded (during {self._phase})")
+            v.fail("memory", f"memory limit of {self.options.memory_mb} MiB (+{run.memory_mb - self.options.memory_mb} "
+                   f"MiB for the harness) exceeded (during {run.phase})")
         except wire.ChannelClosed as exc:
             died = getattr(exc, "child", None)
             how = died.death() if died is not None else "it closed its channel"
-            v.fail("crash", f"a sandboxed process died during {self._phase} ({how})")
+            v.fail("crash", f"a sandboxed process died during {run.phase} ({how})")
         except wire.ProtocolError as exc:
-            v.fail("crash", f"a sandboxed process sent garbage during {self._phase}: {exc}")
+            v.fail("crash", f"a sandboxed process sent garbage during {run.phase}: {exc}")
         except Refused as exc:
-            v.fail(exc.failure, f"during {self._phase}: {exc}")
+            v.fail(exc.failure, f"during {run.phase}: {exc}")
         except Exception as exc:  # noqa: BLE001  (whatever a sandboxed process made happen: a verdict, never a raise)
-            v.fail("crash", f"the judge could not use what a sandboxed process sent during {self._phase} "
+            v.fail("crash", f"the judge could not use what a sandboxed process sent during {run.phase} "
                    f"({type(exc).__name__}: {str(exc)[:200]})")
         finally:
-            if self._children:
-                v.log_tail = self._children[0].log_tail()
-            for child in self._children:
+            if run.children:
+                v.log_tail = run.children[0].log_tail()
+            for child in run.children:
                 child.close()
             shutil.rmtree(work, ignore_errors=True)
         if v.failure is None and not self.options.timing:
             v.reason = "correct (timing skipped)"
         v.duration_s = round(time.monotonic() - start, 3)
-        roles = [(c.role, c.busy_s) for c in self._children]
-        v.costs = {"start_s": round(self._start_s, 3),
+        roles = [(c.role, c.busy_s) for c in run.children]
+        v.costs = {"start_s": round(run.start_s, 3),
                    "calls_s": round(sum(b for role, b in roles if role == "run"), 3),
                    "replays_s": round(sum(b for role, b in roles if role == "replay"), 3)}
         return v
 
-    def _spawn(self, role: str, spec: OpSpec, source: str | None, filename: str, scratch: Path,
+    def spawn(self, role: str, spec: OpSpec, source: str | None, filename: str, scratch: Path,
                constants: dict | None = None) -> tuple[Child, Load]:
-        """Start a sandboxed process; returns it (its `isolation` from "ready") and its "load" message."""
+        """Start a sandboxed process for the candidate being judged; returns it (its `isolation` from "ready")
+        and its "load" message."""
+        run = self.run
         t0, compiling = time.monotonic(), role == "compile"  # compile processes run compiled Triton ("cuda")
         job = Job(role=role, op=spec.name, device="cuda" if compiling else self.options.device, source=source,
-                  filename=filename, constants=constants or {}, memory_mb=self._memory_mb,
-                  cpu_seconds=int(self._budget.total_s * 2) + 5, confine=not self.options.unconfined,
+                  filename=filename, constants=constants or {}, memory_mb=run.memory_mb,
+                  cpu_seconds=int(run.budget.total_s * 2) + 5, confine=not self.options.unconfined,
                   allow_exec=list(self._compile_exec if compiling else self.executables))
-        child = Child(self._compiler if compiling else self.server, job, scratch, self._memory_mb, self._deadline)
-        self._children.append(child)
+        child = Child(self._compiler if compiling else self.server, job, scratch, run.memory_mb, run.deadline)
+        run.children.append(child)
         child.isolation = child.expect("ready")["isolation"]
         load = child.expect("load")
-        self._start_s += time.monotonic() - t0
+        run.start_s += time.monotonic() - t0
         return child, load
 
     def _answer(self, v: Verdict, spec: OpSpec, runner: Child, where: str, args: tuple, expected: Any,
@@ -206,7 +208,7 @@ class Sandbox(ABTiming):
         outputs, facts, record, after = runner.receive_result(limit)
         comparison = judging.judge_call(v, spec, where, facts, record, outputs, after, inputs, expected,
                                         self.options.device, shape, compare)
-        trial = _Trial(where, self._phase, inputs, outputs, record, limit, comparison)
+        trial = _Trial(where, self.run.phase, inputs, outputs, record, limit, comparison)
         if v.failure is not None:
             judging.add_check(v, where, comparison)
             return None
@@ -226,7 +228,7 @@ class Sandbox(ABTiming):
         """Collect the replay started for `trial` in its first order, replay it in its other orders, and
         again in grid order if bits differ (judge.next_order), judge the replays, record the trial's
         check. Returns the first replay's seconds, None after a failure."""
-        phase, self._phase = self._phase, trial.phase
+        phase, self.run.phase = self.run.phase, trial.phase
         replays: judging.Replays = []
         after, seconds, order, pending = [], None, trial.orders[0], list(trial.orders[1:])
         while True:
@@ -247,10 +249,10 @@ class Sandbox(ABTiming):
         if v.failure is None:
             judging.judge_replays(v, trial.where, trial.outputs, replays, trial.inputs, after, self.options.device)
         judging.add_check(v, trial.where, trial.comparison)
-        self._phase = phase
+        self.run.phase = phase
         return seconds if v.failure is None else None
 
-    def _checked_call(self, v: Verdict, spec: OpSpec, runner: Child, replayer: Child, where: str,
+    def checked_call(self, v: Verdict, spec: OpSpec, runner: Child, replayer: Child, where: str,
                       args: tuple, expected: Any, shape: dict[str, int]) -> float | None:
         """Call, judge, replay, judge the replay, one after the other (timing: nothing else runs meanwhile).
         Returns the replay's seconds, None after a failure."""
@@ -263,7 +265,7 @@ class Sandbox(ABTiming):
 
     def _judge(self, spec: OpSpec, source: str, filename: str, plan: Plan, v: Verdict, work: Path,
                atomics: bool) -> None:
-        runner, load = self._spawn("run", spec, source, filename, work / "runner")
+        runner, load = self.spawn("run", spec, source, filename, work / "runner")
         v.isolation = runner.isolation
         if load["violations"]:
             v.fail("sandbox-violation", f"while importing: {str(load['violations'][0])[:300]}")
@@ -275,7 +277,7 @@ class Sandbox(ABTiming):
             v.fail("load", f"importing the candidate failed: {str(load['error'])[:300]}")
         if v.failure:
             return
-        replayer, rload = self._spawn("replay", spec, source, filename, work / "replayer", load["constants"])
+        replayer, rload = self.spawn("replay", spec, source, filename, work / "replayer", load["constants"])
         if not rload["ok"]:
             v.fail("untraceable", f"its kernels could not be rebuilt for the replay: {str(rload['error'])[:300]}")
             return
@@ -289,8 +291,8 @@ class Sandbox(ABTiming):
         for i, trial in enumerate(trials):
             where = judging.label(trial["shape"], trial["dtype"], trial["variant"]) + (
                 " (race check)" if trial.get("race_only") else "")
-            self._phase = f"trial {i + 1}/{len(trials)} ({where})"
-            self.progress(Step(self._phase, "sandbox battery", i + 1, len(trials), self._deadline, where))
+            self.run.phase = f"trial {i + 1}/{len(trials)} ({where})"
+            self.progress(Step(self.run.phase, "sandbox battery", i + 1, len(trials), self.run.deadline, where))
             args = trial_inputs(spec, trial["shape"], trial["dtype"], trial["seed"], trial["variant"])
             runner.send_call(args, config=base + i)
             expected = spec.reference(*args)
@@ -307,18 +309,18 @@ class Sandbox(ABTiming):
         if pending is not None and self._replay_outcome(v, replayer, pending) is None:
             return
         v.correct = True
-        self._phase = f"the compile check for {','.join(self.compile_for)}"
-        check.run(v, runner, lambda: self._spawn("compile", spec, source, filename, work / "compiler", load["constants"]))
+        self.run.phase = f"the compile check for {','.join(self.compile_for)}"
+        check.run(v, runner, lambda: self.spawn("compile", spec, source, filename, work / "compiler", load["constants"]))
         if v.failure is not None:
             return
         if self.options.batch_invariance:
-            self._phase = "the batch invariance probe"
+            self.run.phase = "the batch invariance probe"
             self._probe_invariance(v, spec, runner, (trials[0]["seed"] if trials else self.seed) ^ 0x5EED)
             if v.failure is not None:
                 return
         if plan["timing"]:
             v.stage = "timing"
-            self._time(spec, plan["timing"], v, work, runner, replayer)
+            self.timer.time_candidate(spec, plan["timing"], v, work, runner, replayer)
             if v.failure == "timing-incomplete":
                 return  # stopped while timing
         v.stage = "done"

@@ -1,10 +1,12 @@
 """The timing phase of a correct candidate: A/B against the baseline, in rounds, every call checked.
 
-A mixin of `sandbox.judge.orchestrator.Sandbox` (which provides `options`, `progress`, `fingerprint`, `_spawn`,
-`_checked_call`, `_phase`, `_children`, `_budget`). The baseline (the registry's current choice for
-the device, dtype and bucket, else the op's own kernel) runs in its own runner and replayer, confined
-like a candidate. Timing has the rest of the candidate's budget (sandbox/judge/budget.py); a candidate cut
-off here stays correct and is not accepted (`timing-incomplete`).
+`ABTimer` belongs to one `Sandbox` (sandbox/judge/orchestrator.py) and works through what the sandbox
+offers every phase: `spawn` (a sandboxed process for the candidate being judged), `checked_call` (call,
+judge, replay, judge the replay) and `run`, the candidate's CandidateRun (its budget, deadline, phase
+and processes: sandbox/judge/candidate_run.py). The baseline (the registry's current choice for the
+device, dtype and bucket, else the op's own kernel) runs in its own runner and replayer, confined like a
+candidate. Timing has the rest of the candidate's budget (sandbox/judge/budget.py); a candidate cut off
+here stays correct and is not accepted (`timing-incomplete`).
 """
 
 from __future__ import annotations
@@ -55,82 +57,81 @@ def registry_baseline(spec: OpSpec, options: Any, fingerprint: str, shape: dict 
     return (source, entry.id) if sha256_text(source) == entry.sha256 else None
 
 
-class ABTiming:
-    options: Any  # the rest is Sandbox's, as described above
-    progress: Any
-    fingerprint: str
-    _budget: Any
-    _children: list[Child]
-    _deadline: float
-    _phase: str
+class ABTimer:
+    def __init__(self, sandbox: Any) -> None:
+        self.sandbox = sandbox  # a Sandbox: options, progress, fingerprint, run, spawn, checked_call
 
-    def _baseline(self, spec: OpSpec, timing: Timing, v: Verdict) -> tuple[str | None, str]:
+    def baseline(self, spec: OpSpec, timing: Timing, v: Verdict) -> tuple[str | None, str]:
         """(source or None for the op's own kernel, label): the baseline given as data
         (`options.baseline`, from a cluster's head), else the registry's current choice for the bucket
         asked for (the CPU may time a smaller shape, sandbox.judge.plan), else the op's own kernel."""
-        found = self.options.baseline or registry_baseline(
-            spec, self.options, self.fingerprint, timing.get("asked_shape", timing["shape"]), timing["dtype"])
+        sandbox = self.sandbox
+        found = sandbox.options.baseline or registry_baseline(
+            spec, sandbox.options, sandbox.fingerprint, timing.get("asked_shape", timing["shape"]), timing["dtype"])
         if found is not None:
             v.baseline = f"registry {found[1]}"
             return found
         v.baseline = "the op's baseline kernel"
         return None, "baseline"
 
-    def _time(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child) -> None:
-        self._deadline = self._budget.deadline  # what correctness left, at least timing's own share
-        for child in self._children:
-            child.deadline = self._deadline
+    def time_candidate(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child) -> None:
+        run, options = self.sandbox.run, self.sandbox.options
+        run.deadline = run.budget.deadline  # what correctness left, at least timing's own share
+        for child in run.children:
+            child.deadline = run.deadline
         rounds: list[dict[str, list[float]]] = []
         try:
-            if not self._time_rounds(spec, timing, v, work, runner, replayer, rounds):
+            if not self.time_rounds(spec, timing, v, work, runner, replayer, rounds):
                 return
         except wire.ChannelTimeout:
-            v.fail("timing-incomplete", self._budget.timing_cut(len(rounds), len(timing["rounds"])))
+            v.fail("timing-incomplete", run.budget.timing_cut(len(rounds), len(timing["rounds"])))
             v.timing = {"shape": dict(timing["shape"]), "dtype": timing["dtype"], "rounds": len(rounds),
-                        "rounds_planned": len(timing["rounds"]), "cut_during": self._phase,
+                        "rounds_planned": len(timing["rounds"]), "cut_during": run.phase,
                         "rounds_detail": [{"baseline_s": median(r["baseline"]), "candidate_s": median(r["candidate"])}
                                           for r in rounds]}
             v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
             return
         v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
-        mode = "replay, cuda events after an L2 flush" if self.options.device == "cuda" else \
+        mode = "replay, cuda events after an L2 flush" if options.device == "cuda" else \
             "replay, judge's wall clock (cpu-interpreter)"
         dtype = parse_dtype(timing["dtype"])
-        rates = device_rates(self.options.device, dtype)  # measured once per device, then cached
-        judging.judge_timing(v, spec, timing["shape"], dtype, rounds, self.options.min_gain, rates, mode)
+        rates = device_rates(options.device, dtype)  # measured once per device, then cached
+        judging.judge_timing(v, spec, timing["shape"], dtype, rounds, options.min_gain, rates, mode)
         if "asked_shape" in timing:
             v.timing["asked_shape"] = timing["asked_shape"]
 
-    def _baseline_children(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path) -> tuple[Child, Child, str]:
-        base_source, base_label = self._baseline(spec, timing, v)
-        self._phase = "starting the baseline"
-        base_runner, load = self._spawn("run", spec, base_source, f"{base_label}.py", work / "base-runner")
-        base_replayer, rload = self._spawn("replay", spec, base_source, base_label, work / "base-replayer",
-                                           load["constants"])
+    def baseline_children(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path) -> tuple[Child, Child, str]:
+        sandbox = self.sandbox
+        base_source, base_label = self.baseline(spec, timing, v)
+        sandbox.run.phase = "starting the baseline"
+        base_runner, load = sandbox.spawn("run", spec, base_source, f"{base_label}.py", work / "base-runner")
+        base_replayer, rload = sandbox.spawn("replay", spec, base_source, base_label, work / "base-replayer",
+                                             load["constants"])
         if base_source is not None and not (load["ok"] and rload["ok"] and not load["violations"]):
             # A registry entry that no longer loads cannot be the baseline: time against the op's own kernel.
             problem = str(load["violations"] or load["error"] or rload["error"])[:200]
             v.baseline = f"the op's baseline kernel (registry {base_label} did not load: {problem})"
-            base_runner, load = self._spawn("run", spec, None, "baseline.py", work / "base-runner-2")
-            base_replayer, rload = self._spawn("replay", spec, None, "baseline", work / "base-replayer-2")
+            base_runner, load = sandbox.spawn("run", spec, None, "baseline.py", work / "base-runner-2")
+            base_replayer, rload = sandbox.spawn("replay", spec, None, "baseline", work / "base-replayer-2")
         if not (load["ok"] and rload["ok"]):
             raise Refused("crash", f"the timing baseline ({base_label}) did not load: "
                            f"{str(load['error'] or rload['error'])[:200]}")
         return base_runner, base_replayer, base_label
 
-    def _time_rounds(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child,
-                     rounds: list[dict[str, list[float]]]) -> bool:
+    def time_rounds(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child,
+                    rounds: list[dict[str, list[float]]]) -> bool:
         """Round 0 warms both replayers (untimed), then the planned rounds, appended to `rounds` as they
         finish. False when the candidate failed a timed call (the verdict says how)."""
-        base_runner, base_replayer, base_label = self._baseline_children(spec, timing, v, work)
+        sandbox, run = self.sandbox, self.sandbox.run
+        base_runner, base_replayer, base_label = self.baseline_children(spec, timing, v, work)
         sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
         shape, dtype = timing["shape"], timing["dtype"]
         for r, seeds in enumerate([[0]] + timing["rounds"]):
-            self._phase = f"timing round {r}/{len(timing['rounds'])}"
+            run.phase = f"timing round {r}/{len(timing['rounds'])}"
             if r:
-                left = max(0.0, self._deadline - time.monotonic())
-                self.progress(Step(f"{self._phase} ({left:.0f} s of the {self._budget.total_s:g} s budget left)",
-                                   "sandbox timing", r, len(timing["rounds"]), self._deadline))
+                left = max(0.0, run.deadline - time.monotonic())
+                sandbox.progress(Step(f"{run.phase} ({left:.0f} s of the {run.budget.total_s:g} s budget left)",
+                                      "sandbox timing", r, len(timing["rounds"]), run.deadline))
             order = ["baseline", "candidate"] if r % 2 else ["candidate", "baseline"]
             samples: dict[str, list[float]] = {"baseline": [], "candidate": []}
             for seed in seeds:
@@ -139,13 +140,13 @@ class ABTiming:
                 where = f"timing round {r} ({judging.label(shape, dtype)})"
                 for side in order:
                     target = v if side == "candidate" else Verdict(op=spec.name, device="", file="", sha256="")
-                    seconds = self._checked_call(target, spec, *sides[side], where, args, expected, shape)
+                    seconds = sandbox.checked_call(target, spec, *sides[side], where, args, expected, shape)
                     if side == "baseline" and target.failure:
                         raise Refused("crash", f"the timing baseline ({base_label}) failed: {target.reason}")
                     if seconds is None:
                         return False
                     samples[side].append(seconds)
-                if self.options.device == "cpu" and min(sum(x) for x in samples.values()) > CPU_ROUND_BUDGET_S:
+                if sandbox.options.device == "cpu" and min(sum(x) for x in samples.values()) > CPU_ROUND_BUDGET_S:
                     break  # interpreted calls are slow and noisy alike: fewer of them per round, same rounds
             if r:
                 rounds.append(samples)

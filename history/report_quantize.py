@@ -74,8 +74,10 @@ def quantize_section(events: Sequence[Mapping[str, Any]]) -> str:
     out.append(f"<p>bytes saved: {b.get('saved', 0) / 2**20:.2f} MiB of {b.get('projections', 0) / 2**20:.2f} MiB of "
                f"projection weights" + (f" ({share:.1%})" if share is not None else "") + "</p>")
     out.append("<table><tr><th>prompts</th><th>count</th><th>KL (nats / token)</th><th>greedy agreement</th></tr>")
-    for label in ("calibration", "held_out"):
-        q = d.get(label) or {}
+    for label in ("calibration", "validation", "held_out"):
+        q = d.get(label)
+        if q is None:  # a run from before the validation split
+            continue
         out.append(f"<tr><td>{label.replace('_', '-')}</td>{_num(q.get('prompts'), 'd')}{_num(q.get('kl'), '.2e')}"
                    f"{_num(q.get('agreement'), '.1%')}</tr>")
     out.append("</table><h3>Chosen projections</h3>")

@@ -2,7 +2,7 @@
 
 Calibration prompts from the profiler's agent workload; every projection's sensitivity per scheme (the KL of the
 final distribution when only it is quantized); a greedy selection on bytes saved per nat, measured as a whole and
-repaired (agent/quantize/); the held-out quality and the alternatives; then each used scheme's baseline kernel
+repaired on validation prompts, not the calibration ones it was chosen on (agent/quantize/); the held-out quality and the alternatives; then each used scheme's baseline kernel
 judged in the sandbox, the selection committed as scoped registry entries in one commit, gated in budget mode
 and rolled back if the gate fails (agent/quantize/apply.py). Exit 0: committed (or --dry-run); 1: the gate
 failed and the commit was rolled back, a baseline kernel was not correct, or nothing fits the budget; 2: usage.
@@ -40,8 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "small enough that greedy decoding mostly keeps its tokens, large enough for most projections "
                         "to fit in int8)")
     p.add_argument("--calibration", type=positive_int, default=8, metavar="N", help="calibration prompts (default 8)")
+    p.add_argument("--validation", type=positive_int, default=8, metavar="N",
+                   help="prompts the whole selection is measured and repaired on, disjoint from calibration: its KL "
+                        "is not flattered by the prompts each projection was chosen on (default 8)")
     p.add_argument("--held-out", type=positive_int, default=8, metavar="N",
-                   help="held-out prompts the selection is evaluated on, disjoint from calibration (default 8)")
+                   help="held-out prompts the selection is evaluated on, disjoint from the others (default 8)")
     p.add_argument("--gate-held-out", type=positive_int, default=None, metavar="N",
                    help="held-out prompts the gate also teacher-forces through the served kernels (default: all of "
                         f"them on a GPU, {INTERPRETED_GATE_HELD_OUT} on the CPU interpreter, where each takes minutes)")
@@ -101,7 +104,7 @@ def quantize(args: argparse.Namespace, device: str, schemes: list[Any], history:
     run's record (what --json prints and the history's "quantize" event holds)."""
     from kernelloop.agent.local_engine import LocalEngine
     from kernelloop.agent.quantize.alternatives import alternatives
-    from kernelloop.agent.quantize.apply import CALIBRATION_SEED, HELD_OUT_SEED, workload_prompts
+    from kernelloop.agent.quantize.apply import CALIBRATION_SEED, HELD_OUT_SEED, VALIDATION_SEED, workload_prompts
     from kernelloop.agent.quantize.measure import calibrate, quality, sensitivities
     from kernelloop.agent.quantize.selection import select
     from kernelloop.kernels.device import device_fingerprint
@@ -113,11 +116,15 @@ def quantize(args: argparse.Namespace, device: str, schemes: list[Any], history:
     try:
         calib_prompts = workload_prompts(engine, args.calibration, CALIBRATION_SEED)
         held_prompts = workload_prompts(engine, args.held_out, HELD_OUT_SEED, avoid=calib_prompts)
-        progress(f"calibrating: {len(calib_prompts)} prompts, {args.tokens} tokens each (held out: {len(held_prompts)})")
+        val_prompts = workload_prompts(engine, args.validation, VALIDATION_SEED, avoid=calib_prompts + held_prompts)
+        progress(f"calibrating: {len(calib_prompts)} prompts, {args.tokens} tokens each (validation: "
+                 f"{len(val_prompts)}, held out: {len(held_prompts)})")
         calibration = calibrate(engine, calib_prompts, args.tokens)
+        validation = calibrate(engine, val_prompts, args.tokens)
         held_out = calibrate(engine, held_prompts, args.tokens)
         sens = sensitivities(engine, calibration, schemes, progress)
-        selection = select(sens, budget, lambda plan: quality(engine, calibration, plan), progress)
+        selection = select(sens, budget, lambda plan: quality(engine, validation, plan), progress)
+        on_calibration = quality(engine, calibration, selection.plan)
         held = quality(engine, held_out, selection.plan)
         progress("alternatives: quantize all, keep first and last, random at the same bytes (held-out prompts)")
         alts = alternatives(engine, held_out, sens, selection, schemes)
@@ -130,7 +137,8 @@ def quantize(args: argparse.Namespace, device: str, schemes: list[Any], history:
         "model": args.model or "embedded", "device": device_fingerprint(device), "dtype": dtype, "budget": budget,
         "schemes": [s.name for s in schemes], "tokens": args.tokens,
         "sensitivities": [s.to_json() for s in sens], "selection": selection.to_json(),
-        "calibration": {"prompts": len(calib_prompts), **selection.measured.to_json()},
+        "calibration": {"prompts": len(calib_prompts), **on_calibration.to_json()},
+        "validation": {"prompts": len(val_prompts), **selection.measured.to_json()},
         "held_out": {"prompts": len(held_prompts), **held.to_json()}, "alternatives": alts,
         "bytes": {"projections": total, "saved": selection.bytes_saved}, "commit": None, "gate": None}
     if not selection.chosen:
@@ -218,11 +226,12 @@ def show(report: dict[str, Any], as_json: bool) -> None:
     rows = [(s["scope"], s["scheme"], f"{s['kl']:.2e}", f"{s['saved'] / 2**20:.2f}") for s in chosen]
     print_table(f"agent quantize: {len(chosen)} projections chosen under {report['budget']:g} nats on {report['device']}",
                 ("scope", "scheme", "solo KL (nats)", "MiB saved"), rows)
-    b, cal, held = report["bytes"], report["calibration"], report["held_out"]
+    b, cal, val, held = report["bytes"], report["calibration"], report["validation"], report["held_out"]
     share = b["saved"] / b["projections"] if b["projections"] else 0.0
     print(f"bytes saved: {b['saved'] / 2**20:.2f} MiB of {b['projections'] / 2**20:.2f} MiB of projection weights "
           f"({share:.1%})")
-    print(f"KL: calibration {cal['kl']:.2e} nats (agreement {cal['agreement']:.1%}), held-out {held['kl']:.2e} nats "
+    print(f"KL: calibration {cal['kl']:.2e} nats (agreement {cal['agreement']:.1%}), validation {val['kl']:.2e} "
+          f"(upper bound {val['kl_upper']:.2e}, agreement {val['agreement']:.1%}), held-out {held['kl']:.2e} nats "
           f"(agreement {held['agreement']:.1%})")
     for row in report["alternatives"]:
         print(f"  {row['name']}: {row['plan_size']} projections, {row['bytes_saved'] / 2**20:.2f} MiB, "

@@ -26,13 +26,13 @@ from kernelloop.kernels.registry import ANY_BUCKET, Entry, Provenance, Registry
 from kernelloop.kernels.registry.entry import sha256_text, utc_now
 from kernelloop.profiler.workload import agent_workload
 
-CALIBRATION_SEED, HELD_OUT_SEED = 0, 1
+CALIBRATION_SEED, HELD_OUT_SEED, VALIDATION_SEED = 0, 1, 2
 PROPOSER = "quantize"
 
 
 def workload_prompts(engine: HasTokenizer, count: int, seed: int, avoid: list[list[int]] = ()) -> list[list[int]]:
     """`count` prompts of the profiler's agent workload drawn from `seed`, chat-templated as the gate does,
-    none equal to one of `avoid` (so calibration and held-out prompts are disjoint)."""
+    none equal to one of `avoid` (so calibration, validation and held-out prompts are disjoint)."""
     taken = {tuple(p) for p in avoid}
     out: list[list[int]] = []
     for request in agent_workload(requests=4 * count + 8, seed=seed):

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.quantize.alternatives import alternatives, num_layers
-from kernelloop.agent.quantize.apply import CALIBRATION_SEED, HELD_OUT_SEED, workload_prompts
+from kernelloop.agent.quantize.apply import CALIBRATION_SEED, HELD_OUT_SEED, VALIDATION_SEED, workload_prompts
 from kernelloop.agent.quantize.measure import Sensitivity, calibrate, quality, sensitivities
 from kernelloop.agent.quantize.selection import Selection, select
 from kernelloop.kernels.quant import scheme
@@ -101,6 +101,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2", help="a known model name or model dir ('' = the embedded model)")
     p.add_argument("--budget", type=float, default=None, help="KL budget in nats (default: see the module doc)")
     p.add_argument("--calibration", type=int, default=2, help="calibration prompts (default 2)")
+    p.add_argument("--validation", type=int, default=2,
+                   help="prompts the whole selection is measured and repaired on, not the calibration ones (default 2)")
     p.add_argument("--held-out", type=int, default=4, help="held-out prompts (default 4)")
     p.add_argument("--tokens", type=int, default=16, help="greedy continuation per prompt (default 16)")
     p.add_argument("--seeds", type=int, default=5, help="random selections (default 5)")
@@ -116,13 +118,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = LocalEngine(model=args.model or None, kernels="reference", dtype="float32", progress=say)
     cal_prompts = workload_prompts(engine, args.calibration, CALIBRATION_SEED)
     held_prompts = workload_prompts(engine, args.held_out, HELD_OUT_SEED, avoid=cal_prompts)
-    say(f"calibration: {len(cal_prompts)} prompts; held-out: {len(held_prompts)}; {args.tokens} tokens each")
+    val_prompts = workload_prompts(engine, args.validation, VALIDATION_SEED, avoid=cal_prompts + held_prompts)
+    say(f"calibration: {len(cal_prompts)} prompts; validation: {len(val_prompts)}; held-out: {len(held_prompts)}; "
+        f"{args.tokens} tokens each")
     calibration, held_out = calibrate(engine, cal_prompts, args.tokens), calibrate(engine, held_prompts, args.tokens)
+    validation = calibrate(engine, val_prompts, args.tokens)
     t0 = time.monotonic()
     sens = sensitivities(engine, calibration, schemes, progress=say)
     per_pass = (time.monotonic() - t0) / max(len(sens), 1)
     budget = args.budget if args.budget is not None else auto_budget(sens, schemes[0].name)
-    selection = select(sens, budget, lambda plan: quality(engine, calibration, plan), progress=say)
+    selection = select(sens, budget, lambda plan: quality(engine, validation, plan), progress=say)
     rows = alternatives(engine, held_out, sens, selection, schemes, seeds=tuple(range(args.seeds)), progress=say)
     shapes = engine.projections()
     total = sum(n * k for n, k in shapes.values()) * engine.weight_itemsize  # every projection unquantized
@@ -154,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{total / 2**20:.1f} MiB of projection weights in float32), reference kernels, float32; quantized "
         "projections computed by each scheme's exact reference (dequantize, then the float32 matmul).",
         f"Prompts: the profiler's agent workload, chat-templated; calibration {len(cal_prompts)} prompts (seed "
-        f"{CALIBRATION_SEED}, {calibration.positions} positions), held-out {len(held_prompts)} prompts (seed "
+        f"{CALIBRATION_SEED}, {calibration.positions} positions), validation {len(val_prompts)} prompts (seed "
+        f"{VALIDATION_SEED}, {validation.positions} positions), held-out {len(held_prompts)} prompts (seed "
         f"{HELD_OUT_SEED}, none shared, {held_out.positions} positions), greedy continuations of {args.tokens} tokens "
         "by the unquantized model; KL(unquantized || quantized) per position, mean; greedy agreement = share of "
         "positions whose argmax is unchanged (teacher-forced).",
@@ -163,10 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"projection fits in {schemes[0].name} (the selection would be about 'all {schemes[0].name}'); half makes "
         "it choose. Greedy climbs each projection's ladder of schemes (full, then a scheme saving more wherever its "
         "extra bytes per extra nat are the best left) and stops a projection at the first rung that does not fit; "
-        "the whole selection must then fit at the upper 95% bound of its calibration KL (repairs step rungs down)."),
+        "the whole selection must then fit at the upper 95% bound of its KL on the validation prompts, not the "
+        "calibration ones it was chosen on (repairs step rungs down)."),
         f"KL-guided selection: {len(selection.chosen)} projections "
         f"({', '.join(f'{v} {k}' for k, v in by_scheme.items())}), "
-        f"{selection.bytes_saved / 2**20:.1f} MiB saved; calibration KL {selection.measured.kl:.3g} nats "
+        f"{selection.bytes_saved / 2**20:.1f} MiB saved; validation KL {selection.measured.kl:.3g} nats "
         f"(upper bound {selection.measured.kl_upper:.3g}) "
         f"(agreement {selection.measured.agreement:.3f}) after {len(selection.repairs)} repair(s); "
         f"**held-out KL {guided['kl']:.3g} nats: {'meets' if met else 'does NOT meet'} the budget on held-out "

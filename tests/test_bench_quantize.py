@@ -10,8 +10,8 @@ import bench.quantize_selection as quantize_selection
 
 
 def test_quantize_selection_writes_the_table_the_selection_and_the_chart(tmp_path, capsys):
-    rc = quantize_selection.main(["--model", "", "--calibration", "1", "--held-out", "1", "--tokens", "3",
-                                  "--seeds", "2", "--out-dir", str(tmp_path)])
+    rc = quantize_selection.main(["--model", "", "--calibration", "1", "--validation", "1", "--held-out", "1",
+                                  "--tokens", "3", "--seeds", "2", "--out-dir", str(tmp_path)])
     assert rc == 0
     [md] = tmp_path.glob("*-cpu-interpreter-quantize-selection.md")
     text = md.read_text()
@@ -19,6 +19,7 @@ def test_quantize_selection_writes_the_table_the_selection_and_the_chart(tmp_pat
                 "random, 2 seeds (mean [min, max])"):
         assert f"| {row} |" in text
     assert "Budget: **" in text and "the budget on held-out prompts" in text and "s per pass" in text
+    assert "validation 1 prompts" in text and "validation KL" in text
     saved = json.loads(md.with_suffix(".json").read_text())
     assert saved["plan"] and set(saved["plan"].values()) <= {"int8", "int4"}
     narrower = set(saved["plan"].values()) != {"int8", "int4"}  # then 2 more random rows: its schemes only

@@ -3,7 +3,7 @@
 At most one job per actor at a time (`ray.wait` over the refs in flight). An actor that dies
 mid-check is replaced (same index, a new process) and its job judged once more; a job whose judge
 died twice gets a `crash` verdict. The timing baseline crosses as data: the head resolves the
-registry's choice for the actor's device kind (`ab_timing.registry_baseline`) and sends it in the
+registry's choice for the actor's device kind (`judge.timing.registry_baseline`) and sends it in the
 options, with no registry path, so a worker never reads the head's files.
 """
 

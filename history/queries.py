@@ -1,4 +1,4 @@
-"""Reading the history: the queries `History` offers (a mixin over its connection).
+"""Reading the history: the queries `History` offers (its base class, over the connection it is given).
 
 Every query returns plain dicts (JSON-ready: booleans as bool, JSON columns parsed), newest first
 unless said otherwise.
@@ -97,11 +97,11 @@ def _sql_outcome(verdict_id: Any, accepted: Any, correct: Any, failure: Any, sta
 
 
 class Queries:
-    """Read methods of `History` (which provides `db`, `path` and `_lock`)."""
+    """Reading one history database: every query, over the connection, path and lock it is given (`History`,
+    its subclass, writes through the same three)."""
 
-    db: sqlite_utils.Database
-    path: Path
-    _lock: threading.RLock
+    def __init__(self, db: sqlite_utils.Database, path: Path, lock: threading.RLock) -> None:
+        self.db, self.path, self._lock = db, path, lock
 
     def _rows(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
         with self._lock:

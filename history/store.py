@@ -12,7 +12,6 @@ import os
 import sqlite3
 import threading
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import sqlite_utils
@@ -49,15 +48,13 @@ class History(queries.Queries):
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path: Path = resolve_path(path)
-        exists = check_file(self.path)
-        if not exists:
+        resolved = resolve_path(path)
+        if not check_file(resolved):
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                resolved.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise HistoryError(f"cannot create {self.path.parent}: {exc.strerror or exc}") from None
-        self._lock = threading.RLock()
-        self.db: sqlite_utils.Database = connect(self.path)
+                raise HistoryError(f"cannot create {resolved.parent}: {exc.strerror or exc}") from None
+        super().__init__(connect(resolved), resolved, threading.RLock())
         try:
             self._open()
         except BaseException:

@@ -38,7 +38,7 @@ import torch
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.timing import summarize, time_calls
-from kernelloop.sandbox import CheckOptions, Sandbox, Verdict, static_check
+from kernelloop.sandbox import CheckOptions, Sandbox, SandboxUnavailable, Verdict, static_check
 
 from bench.rehearse import step_device, synchronize
 from bench.report import print_table, write_report
@@ -272,6 +272,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"case": "L2 flush", "op": "rmsnorm", "verdict": f"error: {type(exc).__name__}: {exc}"[:120],
                      "check": "FAILED"})
     report(f"PARTIAL: L2 measured, 0 of {len(cases)} cases judged")
+    try:
+        sandboxes.get(cases[0].small, cases[0].dtype)  # confinement and (on CUDA) CUDA inside it, checked once
+    except SandboxUnavailable as exc:  # the machine's, not any case's: said once and whole
+        print(f"bench.sandbox_gpu: {exc}", flush=True)
+        rows.append({"case": "the sandbox itself", "op": "-", "verdict": "unavailable (the notes say why)",
+                     "check": "FAILED"})
+        print(f"wrote {report(f'sandbox unavailable: {exc}')}: checks FAILED")
+        return 1
     try:
         run_cases(cases, lambda case: judge_case(case, sandboxes), rows, report)
     finally:

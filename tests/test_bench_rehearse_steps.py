@@ -238,3 +238,21 @@ def test_read_flush_times_on_cuda():
     for flush in ("read", "write", False):
         samples = timing.time_calls(lambda: spec.forward(*args), "cuda", warmup=2, reps=5, flush_l2=flush)
         assert len(samples) == 5 and all(0 < s < 0.05 for s in samples)
+
+
+def test_a_sandbox_that_cannot_start_is_one_failure_said_whole(tmp_path, monkeypatch, capsys):
+    """Where confinement or CUDA inside it fails, no case can say anything: one FAILED row, and the reason
+    printed and in the report's notes whole (the H200's CUDA error was lost to a table cell's width)."""
+    reason = "CUDA does not work in a confined process on this machine (RuntimeError: " + "x" * 300 + " Error 304)"
+
+    class Unavailable:
+        def __init__(self, options):  # noqa: ANN001
+            raise sandbox_gpu.SandboxUnavailable(reason)
+
+    monkeypatch.setattr(sandbox_gpu, "Sandbox", Unavailable)
+    monkeypatch.setattr(sandbox_gpu, "l2_rows", lambda device: ([], {}))
+    assert sandbox_gpu.main(["--rehearse", "--out-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert reason in out and "checks FAILED" in out
+    [md] = tmp_path.glob("*sandbox-gpu.md")
+    assert reason in md.read_text() and "| the sandbox itself |" in md.read_text()

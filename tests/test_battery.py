@@ -33,8 +33,11 @@ def test_baseline_passes_its_whole_cpu_battery(spec, dtype):
     results = [check_impl(spec, spec.forward, c.shape, dtype, 0, variant=c.variant) for c in spec.battery("cpu")]
     failed = [r for r in results if not r.ok]
     assert not failed, "\n".join(map(str, failed))
-    near = [f"{r} at {r.stats_fraction:.2f} of its error bounds" for r in results if r.stats_fraction > 0.25]
-    assert not near, "\n".join(near)  # a correct kernel sits well inside the bounds on the error's statistics
+    # A correct kernel sits well inside the bounds on the error's statistics. float32's bounds are a few tens of
+    # unit roundoffs, and the interpreter's libm (numpy's exp) differs by an ulp or two between CPUs.
+    margin = 0.5 if dtype == torch.float32 else 0.25
+    near = [f"{r} at {r.stats_fraction:.2f} of its error bounds" for r in results if r.stats_fraction > margin]
+    assert not near, "\n".join(near)
 
 
 def digest(spec) -> str:

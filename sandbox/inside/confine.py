@@ -37,8 +37,10 @@ import shutil
 import signal
 import struct
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from kernelloop.sandbox.inside import seccomp_bpf
 from kernelloop.sandbox.lifetime import die_with_parent, parent_death_signal
@@ -260,35 +262,58 @@ def confine(policy: Policy, layers: tuple[str, ...] = LAYERS) -> dict[str, str]:
     return facts
 
 
+def run_confined(work: Callable[[Path], None], layers: tuple[str, ...] = LAYERS,
+                 timeout_s: float | None = None) -> str | None:
+    """Fork a child that confines itself (`layers` of confine(), in a fresh scratch directory) and runs
+    `work(scratch)`; None when it returned, else why not, whole on one line (a ConfinementError's own text,
+    else the exception's type and text). Confines the child, never the caller; a child still running
+    after `timeout_s` is killed."""
+    scratch = Path(tempfile.mkdtemp(prefix="kernelloop-confined-"))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        message = ""
+        try:
+            os.close(read)
+            confine(Policy(scratch), layers)
+            work(scratch)
+        except BaseException as exc:  # noqa: BLE001  (report anything, never return into the caller's code)
+            text = " ".join(str(exc).split())
+            name = type(exc).__name__
+            message = text if isinstance(exc, ConfinementError) else (f"{name}: {text}" if text else name)
+        finally:
+            os.write(write, message.encode()[:8000])
+            os._exit(0)
+    os.close(write)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if deadline is not None and time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return f"the confined child did not finish within {timeout_s:g} s"
+            time.sleep(0.02)
+        with os.fdopen(read, "rb") as pipe:
+            message = pipe.read().decode(errors="replace")
+        if not message and os.waitstatus_to_exitcode(done[1]) != 0:
+            message = f"the confined child died (exit status {os.waitstatus_to_exitcode(done[1])})"
+        return message or None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def probe() -> str | None:
     """None if confine() works here, else the one-line reason. Confines a throwaway child, not the caller."""
     if os.uname().machine not in seccomp_bpf.SYSCALLS:
         return f"seccomp: no syscall table for {os.uname().machine} (x86_64 and aarch64 only)"
-    scratch = Path(tempfile.mkdtemp(prefix="kernelloop-probe-"))
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: confine, check that a write outside scratch is refused, report, exit
-        message = ""
+
+    def writes_only_inside(scratch: Path) -> None:
+        (scratch / "inside").write_text("ok")
         try:
-            os.close(read)
-            confine(Policy(scratch))
-            (scratch / "inside").write_text("ok")
-            try:
-                os.mkdir(str(scratch) + "-outside")
-                os.rmdir(str(scratch) + "-outside")
-                message = "landlock: a directory outside scratch could still be created"
-            except PermissionError:
-                pass
-        except BaseException as exc:  # noqa: BLE001  (report anything, never return into the caller's code)
-            message = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        finally:
-            os.write(write, message.encode()[:2000])
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        message = pipe.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    shutil.rmtree(scratch, ignore_errors=True)
-    if not message and os.waitstatus_to_exitcode(status) != 0:
-        message = f"the probe child failed (exit status {os.waitstatus_to_exitcode(status)})"
-    return message or None
+            os.mkdir(str(scratch) + "-outside")
+        except PermissionError:
+            return
+        os.rmdir(str(scratch) + "-outside")
+        raise ConfinementError("landlock: a directory outside scratch could still be created")
+
+    return run_confined(writes_only_inside)

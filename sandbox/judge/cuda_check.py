@@ -18,11 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from kernelloop import IMPORT_ROOT
@@ -61,46 +59,20 @@ def name_a_new_thread() -> None:
 
 
 def run_confined(layers: tuple[str, ...], limits: bool, work=_exercise_cuda) -> str | None:
-    """Fork a child that applies `layers` of confine() (and the limits when `limits`), then runs
-    `work`; None when it succeeded, else the child's full error text. The caller must not have
-    initialised CUDA (a forked child cannot use a parent's CUDA state)."""
-    from kernelloop.sandbox.inside.confine import Policy, confine
+    """A child that applies `layers` of confine() (and the limits when `limits`), then runs `work`
+    (sandbox/inside/confine.py run_confined); None when it succeeded, else its full error text. The caller
+    must not have initialised CUDA (a forked child cannot use a parent's CUDA state)."""
+    from kernelloop.sandbox.inside import confine
     from kernelloop.sandbox.inside.guards import isolate
 
-    scratch = Path(tempfile.mkdtemp(prefix="kernelloop-cuda-check-"))
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        message = ""
-        try:
-            os.close(read)
-            confine(Policy(scratch), layers)
-            os.environ.update(HOME=str(scratch), TMPDIR=str(scratch))  # as sandbox/inside/worker.py's setup
-            tempfile.tempdir = str(scratch)
-            if limits:
-                isolate(scratch, memory_mb=4096, cpu_seconds=CHILD_TIMEOUT_S, device="cuda")
-            work()
-        except BaseException as exc:  # noqa: BLE001  (report anything, never return into the caller's code)
-            message = f"{type(exc).__name__}: {' '.join(str(exc).split())}" or repr(exc)
-        finally:
-            os.write(write, message.encode()[:8000] or b"")
-            os._exit(0)
-    os.close(write)
-    deadline = time.monotonic() + CHILD_TIMEOUT_S
-    try:
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            return f"the confined child did not finish within {CHILD_TIMEOUT_S} s"
-        with os.fdopen(read, "rb") as pipe:
-            message = pipe.read().decode(errors="replace")
-        if not message and os.waitstatus_to_exitcode(done[1]) != 0:
-            message = f"the confined child died (exit status {os.waitstatus_to_exitcode(done[1])})"
-        return message or None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    def setup_then_work(scratch: Path) -> None:
+        os.environ.update(HOME=str(scratch), TMPDIR=str(scratch))  # as sandbox/inside/worker.py's setup
+        tempfile.tempdir = str(scratch)
+        if limits:
+            isolate(scratch, memory_mb=4096, cpu_seconds=CHILD_TIMEOUT_S, device="cuda")
+        work()
+
+    return confine.run_confined(setup_then_work, layers, timeout_s=CHILD_TIMEOUT_S)
 
 
 def diagnose(work=_exercise_cuda) -> list[tuple[str, str]]:

@@ -169,6 +169,7 @@ def probe_thread_names(scratch: Path, arg, state) -> dict:
             "process_comm": _try(comm, "/proc/self/comm"),
             "oom_score_adj": _try(lambda: Path("/proc/self/oom_score_adj").write_text("500")),
             "parent_task_comm": _try(comm, f"/proc/{os.getppid()}/task/{os.getppid()}/comm"),
+            "own_task_uid_map": _try(lambda: Path(f"/proc/self/task/{worker.native_id}/uid_map").write_text("0 0 1")),
         }
     finally:
         stop.set()

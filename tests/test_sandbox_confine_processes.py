@@ -55,7 +55,7 @@ def test_threads_can_be_named_by_their_creator_and_nothing_else_in_proc_is_writa
     assert result["pthread_setname_np"] == ["ok", 0], result
     assert result["read_back"] == ["ok", "kl-worker"], result
     assert result["comm_by_path"] == ["ok", 8], result
-    for key in ("process_comm", "oom_score_adj", "parent_task_comm"):
+    for key in ("process_comm", "oom_score_adj", "parent_task_comm", "own_task_uid_map"):
         assert _refused(result[key]), (key, result[key])
 
 

@@ -60,6 +60,8 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     (("--schemes", "fp8", "--device", "cpu"), "fp8 is not supported on cpu"),
     (("--kl-budget", "-1", "--device", "cpu"), "--kl-budget must be a positive"),
     (("--kl-budget", "nan", "--device", "cpu"), "--kl-budget must be a positive"),
+    (("--knee", "-1", "--device", "cpu"), "--knee must be 0"),
+    (("--knee", "inf", "--device", "cpu"), "--knee must be 0"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(capsys, tmp_path, argv, words):
     code, out, err = run(capsys, *argv, "--history", str(tmp_path / "h.db"), "--registry", str(tmp_path / "r"))

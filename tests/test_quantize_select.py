@@ -93,6 +93,33 @@ def test_greedy_takes_the_most_bytes_per_nat_and_stops_at_the_budget():
     assert [(s.scope, s.scheme) for s in greedy(rows, 0.02)] == [("c", "int8"), ("a", "int8")]  # no room for a's int4
 
 
+def knee_rows(int4_extra_bytes: int) -> list[Sensitivity]:
+    """Four projections whose int8 saves 1000 bytes for 0.001 nats (1e6 bytes per nat, together too) and whose
+    int4 adds `int4_extra_bytes` for 0.01 nats more."""
+    return [sens_row(f"p{i}", "int8", 0.001, 1000) for i in range(4)] + \
+           [sens_row(f"p{i}", "int4", 0.011, 1000 + int4_extra_bytes) for i in range(4)]
+
+
+def test_the_climb_stops_at_the_knee_and_reports_what_filling_the_budget_would_add():
+    steep = knee_rows(200)  # int4 rungs: 2e4 bytes per nat, 50x dearer than the int8 selection so far
+    assert {s.scheme for s in greedy(steep, 0.05)} == {"int8"}
+    assert {s.scheme for s in greedy(steep, 0.05, knee=0)} == {"int4"}  # 0.004 + 4 x 0.01 fits: fill the budget
+    assert {s.scheme for s in greedy(steep, 0.05, knee=60)} == {"int4"}  # a looser knee lets them through
+    mild = knee_rows(500)  # 5e4 bytes per nat: 20x dearer, under the default 30x
+    assert {s.scheme for s in greedy(mild, 0.05)} == {"int4"}
+    selection = select(steep, 0.05, lambda plan: Quality(0.001 * len(plan), 1.0, 10))
+    assert selection.plan == {f"p{i}": "int8" for i in range(4)}
+    assert selection.knee == {"factor": 30.0, "stopped_before": "p0:int4", "left_rungs": 4, "left_bytes": 800,
+                              "left_kl": pytest.approx(0.04)}
+    assert select(steep, 0.05, lambda plan: Quality(0.01, 1.0, 10), knee=0).knee == {"factor": 0.0}
+
+
+def test_free_rungs_do_not_set_the_knee():
+    free = [sens_row(f"z{i}", "int8", 0.0, 1000) for i in range(3)]  # rounding-level KL: a rate of 1e12 bytes per nat
+    paid = [sens_row("p", "int8", 0.001, 1000)]
+    assert [s.scope for s in greedy(free + paid, 0.05)] == ["z0", "z1", "z2", "p"]
+
+
 def test_a_ladder_keeps_only_the_schemes_worth_a_step():
     options = [sens_row("a", "int8", 0.01, 500), sens_row("a", "fp8", 0.02, 450), sens_row("a", "int4", 0.011, 800)]
     rungs = ladder(options)

@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"mean KL per token to the unquantized model the selection may cost (default {DEFAULT_BUDGET}: "
                         "small enough that greedy decoding mostly keeps its tokens, large enough for most projections "
                         "to fit in int8)")
+    p.add_argument("--knee", type=float, default=None, metavar="F",
+                   help="stop climbing at the first rung costing over F times the nats per byte of the selection so "
+                        "far (default 30: no doubling the KL for under 1/30 more bytes); 0 fills the budget")
     p.add_argument("--calibration", type=positive_int, default=8, metavar="N", help="calibration prompts (default 8)")
     p.add_argument("--validation", type=positive_int, default=8, metavar="N",
                    help="prompts the whole selection is measured and repaired on, disjoint from calibration: its KL "
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not math.isfinite(args.kl_budget) or args.kl_budget <= 0:
         raise KernelloopError("--kl-budget must be a positive number of nats")
+    if args.knee is not None and (not math.isfinite(args.knee) or args.knee < 0):
+        raise KernelloopError("--knee must be 0 (fill the budget) or a positive factor")
     device = resolve_device(args.device)
     schemes = parse_schemes(args.schemes, device)
     from kernelloop.agent.progress_view import ProgressView
@@ -106,7 +111,7 @@ def quantize(args: argparse.Namespace, device: str, schemes: list[Any], history:
     from kernelloop.agent.quantize.alternatives import alternatives
     from kernelloop.agent.quantize.apply import CALIBRATION_SEED, HELD_OUT_SEED, VALIDATION_SEED, workload_prompts
     from kernelloop.agent.quantize.measure import calibrate, quality, sensitivities
-    from kernelloop.agent.quantize.selection import select
+    from kernelloop.agent.quantize.selection import KNEE_FACTOR, select
     from kernelloop.kernels.device import device_fingerprint
     from kernelloop.kernels.spec import dtype_name
 
@@ -123,7 +128,8 @@ def quantize(args: argparse.Namespace, device: str, schemes: list[Any], history:
         validation = calibrate(engine, val_prompts, args.tokens)
         held_out = calibrate(engine, held_prompts, args.tokens)
         sens = sensitivities(engine, calibration, schemes, progress)
-        selection = select(sens, budget, lambda plan: quality(engine, validation, plan), progress)
+        knee = KNEE_FACTOR if getattr(args, "knee", None) is None else args.knee
+        selection = select(sens, budget, lambda plan: quality(engine, validation, plan), progress, knee=knee)
         on_calibration = quality(engine, calibration, selection.plan)
         held = quality(engine, held_out, selection.plan)
         progress("alternatives: quantize all, keep first and last, random at the same bytes (held-out prompts)")
@@ -233,6 +239,10 @@ def show(report: dict[str, Any], as_json: bool) -> None:
     print(f"KL: calibration {cal['kl']:.2e} nats (agreement {cal['agreement']:.1%}), validation {val['kl']:.2e} "
           f"(upper bound {val['kl_upper']:.2e}, agreement {val['agreement']:.1%}), held-out {held['kl']:.2e} nats "
           f"(agreement {held['agreement']:.1%})")
+    knee = report["selection"].get("knee") or {}
+    if knee.get("left_rungs"):
+        print(f"knee: stopped before {knee['stopped_before']}; filling the budget (--knee 0) would add "
+              f"{knee['left_rungs']} rungs, {knee['left_bytes'] / 2**20:.2f} MiB for {knee['left_kl']:.2e} nats of solo KL")
     for row in report["alternatives"]:
         print(f"  {row['name']}: {row['plan_size']} projections, {row['bytes_saved'] / 2**20:.2f} MiB, "
               f"KL {row['kl']:.2e}, agreement {row['agreement']:.1%} (held-out)")

@@ -4,7 +4,11 @@ Each projection's schemes form a ladder (full precision, then the schemes saving
 buys bytes at a better rate than the ones above it: the lower convex hull of solo KL against bytes saved). Greedy
 climbs the rungs of every ladder together, best bytes per nat first, while the sum of the solo KLs of the rungs
 taken stays under the budget; so a projection ends at most at one scheme, and int4 is chosen where its extra bytes
-over int8 are cheap enough, not only where int4 alone beats int8 per nat. KL is not additive (errors of several
+over int8 are cheap enough, not only where int4 alone beats int8 per nat. The climb also stops at the knee: the first
+rung costing more than KNEE_FACTOR times the nats per byte of the selection so far (doubling the KL there would buy
+less than 1/KNEE_FACTOR more bytes). A selection filled to the budget's edge with such rungs saves a few MiB more and
+is as likely as not to be over the budget on the next prompts (docs/benchmarks/2026-12-04-cpu-interpreter-quantize-e2e.md).
+KL is not additive (errors of several
 layers interact), so the whole selection is then measured, and while its upper confidence bound is over the budget
 the least efficient rungs are stepped back down (enough that their estimated share matches the excess) and it is
 measured again.
@@ -21,6 +25,8 @@ from kernelloop.common.progress import Progress
 
 KL_FLOOR = 1e-9  # a solo KL (or a rung's extra KL) at or below this (rounding noise) ranks as this
 MAX_REPAIRS = 12
+KNEE_FACTOR = 30.0  # 0: no knee, fill the budget
+KNEE_KL_FLOOR = 0.01  # of the budget: the selection's KL the knee compares against is at least this share of it
 
 
 def efficiency(s: Sensitivity) -> float:
@@ -58,9 +64,11 @@ def ladder(options: list[Sensitivity]) -> list[Rung]:
         saved, kl = best.saved, max(kl, max(best.kl, 0.0))
 
 
-def greedy_rungs(sens: list[Sensitivity], budget: float) -> list[Rung]:
+def greedy_rungs(sens: list[Sensitivity], budget: float, knee: float = KNEE_FACTOR) -> list[Rung]:
     """The rungs taken, most efficient first: every projection's ladder climbed together while the sum of the
-    taken rungs' extra KL stays within `budget`; a projection whose next rung does not fit climbs no further."""
+    taken rungs' extra KL stays within `budget`; a projection whose next rung does not fit climbs no further. With
+    `knee` > 0 the climb ends at the first rung whose bytes per nat are under 1/`knee` of the taken rungs' together
+    (their KL counted as at least KNEE_KL_FLOOR of the budget, so that free rungs do not set the bar)."""
     by_scope: dict[str, list[Sensitivity]] = {}
     for s in sens:
         by_scope.setdefault(s.scope, []).append(s)
@@ -69,18 +77,31 @@ def greedy_rungs(sens: list[Sensitivity], budget: float) -> list[Rung]:
     taken: list[Rung] = []
     height: dict[str, int] = {}
     stuck: set[str] = set()
-    total = 0.0
+    total, saved = 0.0, 0
     for r in rungs:
         scope = r.to.scope
         if scope in stuck or r.height != height.get(scope, 0):
             continue
+        if knee > 0 and taken and r.efficiency * knee < saved / max(total, KNEE_KL_FLOOR * budget, KL_FLOOR):
+            break
         if total + r.extra_kl > budget:
             stuck.add(scope)
             continue
         taken.append(r)
         height[scope] = r.height + 1
         total += r.extra_kl
+        saved += r.extra_bytes
     return taken
+
+
+def knee_report(sens: list[Sensitivity], budget: float, knee: float, taken: list[Rung]) -> dict[str, Any]:
+    """What the knee left within the budget: the rungs filling it would have added, their bytes and solo KL."""
+    filled = greedy_rungs(sens, budget, knee=0.0)
+    kept = {(r.to.scope, r.height) for r in taken}
+    left = [r for r in filled if (r.to.scope, r.height) not in kept]
+    return {"factor": knee, "stopped_before": f"{left[0].to.scope}:{left[0].to.scheme}" if left else None,
+            "left_rungs": len(left), "left_bytes": sum(r.extra_bytes for r in left),
+            "left_kl": sum(r.extra_kl for r in left)}
 
 
 def top_of(rungs: list[Rung]) -> list[Sensitivity]:
@@ -91,9 +112,9 @@ def top_of(rungs: list[Rung]) -> list[Sensitivity]:
     return list(top.values())
 
 
-def greedy(sens: list[Sensitivity], budget: float) -> list[Sensitivity]:
+def greedy(sens: list[Sensitivity], budget: float, knee: float = KNEE_FACTOR) -> list[Sensitivity]:
     """The chosen sensitivities: one scheme per projection, the sum of the rungs' solo KLs within `budget`."""
-    return top_of(greedy_rungs(sens, budget))
+    return top_of(greedy_rungs(sens, budget, knee))
 
 
 @dataclass
@@ -102,6 +123,7 @@ class Selection:
     measured: Quality                      # the whole selection, measured together
     budget: float
     repairs: list[dict[str, Any]] = field(default_factory=list)  # each: rungs stepped down, KL before and after
+    knee: dict[str, Any] = field(default_factory=dict)  # knee_report: what stopping at the knee left unspent
 
     @property
     def plan(self) -> dict[str, str]:
@@ -118,16 +140,21 @@ class Selection:
 
     def to_json(self) -> dict[str, Any]:
         return {"plan": self.plan, "bytes_saved": self.bytes_saved, "budget": self.budget,
-                "measured": self.measured.to_json(), "repairs": self.repairs,
+                "measured": self.measured.to_json(), "repairs": self.repairs, "knee": self.knee,
                 "chosen": [s.to_json() for s in self.chosen]}
 
 
 def select(sens: list[Sensitivity], budget: float, measure: Callable[[dict[str, str]], Quality],
-           progress: Progress = lambda message: None) -> Selection:
-    """Greedy, then measured as a whole and repaired until the measured KL's upper bound is within `budget` (or
-    nothing is left). `measure(plan)` is `measure.quality` on the calibration."""
-    rungs = greedy_rungs(sens, budget)
-    selection = Selection(top_of(rungs), measure({s.scope: s.scheme for s in top_of(rungs)}), budget)
+           progress: Progress = lambda message: None, knee: float = KNEE_FACTOR) -> Selection:
+    """Greedy (up to the knee), then measured as a whole and repaired until the measured KL's upper bound is within
+    `budget` (or nothing is left). `measure(plan)` is `measure.quality` on the validation prompts."""
+    rungs = greedy_rungs(sens, budget, knee)
+    selection = Selection(top_of(rungs), measure({s.scope: s.scheme for s in top_of(rungs)}), budget,
+                          knee=knee_report(sens, budget, knee, rungs) if knee > 0 else {"factor": 0.0})
+    if selection.knee.get("left_rungs"):
+        k = selection.knee
+        progress(f"stopped at the knee before {k['stopped_before']}: filling the budget would add "
+                 f"{k['left_rungs']} rungs, {k['left_bytes'] / 2**20:.1f} MiB for {k['left_kl']:.2e} nats of solo KL")
     progress(f"greedy choice: {len(selection.chosen)} projections, {selection.bytes_saved / 2**20:.1f} MiB saved, "
              f"KL {selection.measured.kl:.2e} nats measured (upper bound {selection.measured.kl_upper:.2e}, "
              f"budget {budget:.2e})")

@@ -43,6 +43,7 @@ def _wait_for(proc: subprocess.Popen, text: str, timeout_s: float) -> list[str]:
     raise AssertionError(f"never saw {text!r}:\n{''.join(lines)}")
 
 
+@pytest.mark.slow
 def test_sigterm_stops_between_steps_and_the_next_start_resumes(tmp_path: Path, model_dir: Path) -> None:
     proc = _daemon(tmp_path, model_dir)
     try:

@@ -199,6 +199,7 @@ def _run_until(folder: Path, model_dir: Path, done: callable, timeout_s: float =
     return proc.communicate()[0]
 
 
+@pytest.mark.slow
 def test_a_hard_kill_resumes_without_duplicates(tmp_path: Path, model_dir: Path) -> None:
     """Killed while profiling, mid-check, right after the commit and during the gate, then resumed: one
     record per event (no reload or gate recorded twice), one result."""
@@ -223,6 +224,7 @@ def test_a_hard_kill_resumes_without_duplicates(tmp_path: Path, model_dir: Path)
         assert _count(db, events.format(kind)) == 1, kind
 
 
+@pytest.mark.slow
 def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> None:
     import subprocess
     import sys
@@ -241,6 +243,7 @@ def test_agent_tune_from_the_command_line(tmp_path: Path, model_dir: Path) -> No
         assert Registry(tmp_path / "reg").entries()[0].id == state["committed"]["entry_id"]
 
 
+@pytest.mark.slow
 def test_agent_tune_a_serving_engine(tmp_path: Path, model_dir: Path) -> None:
     import subprocess
     import sys

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
 from kernelloop.agent.commands import verify
 from kernelloop.history import History
 from kernelloop.kernels.registry import Registry
@@ -29,6 +31,7 @@ def _args(tmp_path: Path, rollback: bool) -> argparse.Namespace:
                               history=str(tmp_path / "history.db"), timeout=120.0, json=True)
 
 
+@pytest.mark.slow
 def test_a_regression_is_reported_then_rolled_back(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     registry, good, bad = _registry(tmp_path)
     assert verify.run(_args(tmp_path, rollback=False)) == 1  # reported, left in place

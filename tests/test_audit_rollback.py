@@ -52,6 +52,7 @@ def setup(embedded_model_dir, tmp_path):
         yield base, reg, history, auditor
 
 
+@pytest.mark.slow
 def test_a_clean_commit_stays_and_a_planted_regression_is_rolled_back(setup) -> None:
     base, reg, history, auditor = setup
     clean = commit(reg, CLEAN.replace("# expect: control", "# expect: control (again)"), 1.2)

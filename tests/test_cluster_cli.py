@@ -279,6 +279,7 @@ def cluster(tmp_path_factory) -> Any:  # noqa: ANN001
 KEYS = ("file", "correct", "accepted", "failure", "reason")
 
 
+@pytest.mark.slow
 def test_check_on_the_cluster_gives_the_local_verdicts(tmp_path: Path, cluster: str) -> None:
     files = [str(CANDIDATES / f) for f in FILES]
     common = ["--json", "--no-timing", "--dtypes", "float32", "--seed", "7", "--no-history"]
@@ -309,6 +310,7 @@ def _tune_child(folder: Path, model: str, cluster: str) -> None:
     main(folder, model, pool=JudgePool(cluster, device="cpu", workers=2))
 
 
+@pytest.mark.slow
 def test_tune_on_the_cluster_killed_mid_round_resumes_and_commits(tmp_path: Path, cluster: str) -> None:
     """The head killed inside the check step once a verdict of the round is recorded; `agent tune --cluster`
     resumes it: one verdict per candidate (with judged_by), a winner committed through the gate."""

@@ -199,9 +199,7 @@ def test_builds_are_byte_identical(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # two full builds, slower on busy cores
-def test_second_full_build_is_byte_identical(model_dir: Path, tmp_path: Path, request) -> None:
-    if "slow" not in request.config.getoption("markexpr", ""):
-        pytest.skip("a second full build (about 40 s): run with -m slow")
+def test_second_full_build_is_byte_identical(model_dir: Path, tmp_path: Path) -> None:
     other = ensure_embedded_model(tmp_path)
     assert other != model_dir
     for name in FILES[:-1]:

@@ -42,6 +42,7 @@ def test_the_wire_carries_float64_log_probabilities_bit_for_bit() -> None:
         decode_measurement(old)
 
 
+@pytest.mark.slow
 def test_local_and_remote_handles_give_the_same_measurement(tmp_path: Path, model_dir: Path) -> None:
     from kernelloop.engine.engine import Engine, EngineConfig
 

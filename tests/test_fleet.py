@@ -278,6 +278,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
     pytest.fail(f"engine serve did not come up: {log.read_text()[-2000:]}")
 
 
+@pytest.mark.slow
 def test_agent_tune_a_fleet_of_two_serving_engines(tmp_path: Path) -> None:
     model_dir = make_checkpoint(tmp_path / "ckpt", "gqa")
     registry = tmp_path / "reg"

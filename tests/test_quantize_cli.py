@@ -245,6 +245,7 @@ def test_the_budget_gates_kl_is_teacher_forced_on_the_gate_and_held_out_prompts(
     assert both["kl_positions"] == 8 and abs(both["kl"] - held_kl / 8) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, forced", [((), 2), (("--gate-held-out", "1"), 1)])
 def test_the_gate_teacher_forces_as_many_held_out_prompts_as_asked(capsys, tmp_path, registry, stubbed,
                                                                     monkeypatch, extra, forced):

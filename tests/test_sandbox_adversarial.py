@@ -44,7 +44,7 @@ CONTROL_TIMEOUT_S = 300.0
 MEMORY_MB = 3072
 SEED = 1234
 SECRET = "kernelloop-secret-7f3a"
-pytestmark = pytest.mark.timeout(3600)  # the module fixture judges every candidate twice
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the module fixture judges every candidate twice
 
 _EXPECT = re.compile(r"^# expect:\s*(.+?)\s*$", re.M)
 _OP = re.compile(r"^# op:\s*(\w+)\s*$", re.M)

@@ -64,6 +64,7 @@ def test_timing_incomplete_is_a_correct_failure() -> None:
     assert outcome({**row, "correct": False, "failure": "timeout"}) == "wrong"
 
 
+@pytest.mark.slow
 def test_a_correct_candidate_cut_off_while_timed_stays_correct(tmp_path: Path) -> None:
     options = CheckOptions(device="cpu", registry_baseline=False, dtypes=("float32",), seed=3,
                            timing_shape={"tokens": 2, "hidden": 999}, timeout_s=45)

@@ -71,6 +71,7 @@ def test_a_directory_gives_one_verdict_per_file_and_the_last_line_is_json(tmp_pa
     assert sorted(a["failure"] or "none" for a in attempts) == ["none", "static"]
 
 
+@pytest.mark.slow
 def test_fresh_interpreter_mode_gives_the_same_verdicts(tmp_path: Path) -> None:
     paths = [CANDIDATES / "control_rmsnorm_row.py", CANDIDATES / "unwritten_tail.py"]
     results = []

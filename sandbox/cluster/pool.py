@@ -114,16 +114,17 @@ class JudgePool:
 
     # -- judging --------------------------------------------------------------------------------
 
-    def _options_for(self, job: ClusterJob, device: str) -> dict[str, Any]:
-        """The job's options as sent: the registry's baseline for this device kind resolved here."""
+    def _options_for(self, job: ClusterJob, fingerprint: str) -> dict[str, Any]:
+        """The job's options as sent: the registry's baseline for the actor's device (its fingerprint, the
+        registry's device key) resolved here."""
         options = job.options
         if options.registry_baseline and options.baseline is None:
-            key = (job.op, device, str(options.to_json()))
+            key = (job.op, fingerprint, str(options.to_json()))
             if key not in self._baselines:
                 from kernelloop.kernels.ops import get_op
                 from kernelloop.sandbox.judge.timing import registry_baseline
 
-                self._baselines[key] = registry_baseline(get_op(job.op), options, device)
+                self._baselines[key] = registry_baseline(get_op(job.op), options, fingerprint)
             found = self._baselines[key]
             # No choice in the registry: the op's own kernel, which needs no registry on the worker.
             options = replace(options, baseline=found, registry=None, registry_baseline=found is not None)

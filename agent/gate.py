@@ -75,6 +75,7 @@ class GateResult:
     tasks: dict[str, Any] | None = None  # agent/task_audit.py TaskComparison, when the audit ran
     kl_budget: float | None = None  # the budget gate's (GateConfig.kl_budget); None: the identity gate
     agreement: float | None = None  # budget gate: share of generated positions whose greedy token is before's
+    forced_agreement: float | None = None  # budget gate: share of teacher-forced positions whose argmax is the reference's
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,6 +242,16 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
     return result
 
 
+def agreement_text(result: GateResult, generated: int, forced_positions: int | None) -> str:
+    """Greedy agreement as the budget gate reports it: teacher-forced first where it was measured (every position
+    scored in the reference's context), then free-running, which stops agreeing at the first changed token (after
+    a near-tie on a short gate prompt, most of its positions)."""
+    free = f"greedy agreement {result.agreement:.0%} free-running over {generated} tokens"
+    if result.forced_agreement is None:
+        return free
+    return f"greedy agreement {result.forced_agreement:.0%} teacher-forced over {forced_positions} positions ({free})"
+
+
 def judge_budget(result: GateResult, before: dict[str, Any], after: dict[str, Any], checks: _Checks,
                  config: GateConfig, tps: str, interpreted: bool) -> GateResult:
     """The budget gate (agent quantize): KL after <= config.kl_budget instead of identical greedy tokens, whose
@@ -250,17 +261,19 @@ def judge_budget(result: GateResult, before: dict[str, Any], after: dict[str, An
     assert budget is not None
     result.kl_budget = budget
     result.agreement = greedy_agreement(before["greedy"], after["greedy"])
+    result.forced_agreement = after.get("forced_agreement")
+    agreement = agreement_text(result, sum(map(len, before["greedy"])), after.get("kl_positions"))
     lo, hi = result.tps_interval or [1.0, 1.0]
     failed = checks.failure(config)
     if result.kl_after > budget:
         result.ok, result.reason = False, (f"KL to the reference {result.kl_after:.2e} nats is over the budget "
-                                           f"{budget:.2e} (greedy agreement {result.agreement:.0%})")
+                                           f"{budget:.2e} ({agreement})")
     elif failed:
         result.ok, result.reason = False, failed
     elif not interpreted and hi < 1 - config.tps_tolerance:
         result.ok, result.reason = False, f"tokens/s dropped: {tps}"
     else:
         result.reason = (f"KL {result.kl_before:.2e} -> {result.kl_after:.2e} nats, within the budget {budget:.2e}; "
-                         f"greedy agreement {result.agreement:.0%}; {checks.passed(len(result.invariance))}{tps}"
+                         f"{agreement}; {checks.passed(len(result.invariance))}{tps}"
                          + (" (cpu-interpreter timings: reported, not judged)" if interpreted else ""))
     return result

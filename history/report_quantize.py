@@ -47,6 +47,10 @@ def _num(value: Any, fmt: str) -> str:
     return f'<td class="num">{format(value, fmt) if ok else "-"}</td>'
 
 
+def _share(value: Any) -> str:
+    return format(value, ".1%") if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
 def _mib(n: Any) -> str:
     return _num(n / 2**20 if isinstance(n, (int, float)) else None, ".2f")
 
@@ -108,5 +112,6 @@ def _gate(events: Sequence[Mapping[str, Any]], sha: str | None, device: str) -> 
     ratio = g.get("tps_ratio")
     return (f"<p>gate for commit {html.escape(sha[:10])}: {verdict}: {html.escape(str(g.get('reason', '')))}</p>"
             f"<p class=\"meta\">KL after {g.get('kl_after', float('nan')):.2e} nats (budget {g.get('kl_budget')}), greedy "
-            f"agreement {g.get('agreement') if g.get('agreement') is None else format(g['agreement'], '.1%')}, tokens/s "
+            f"agreement {_share(g.get('forced_agreement'))} teacher-forced, {_share(g.get('agreement'))} "
+            f"free-running, tokens/s "
             f"after/before {'-' if ratio is None else format(ratio, '.2f')}x{label}</p>")

@@ -116,6 +116,7 @@ def test_a_selection_within_budget_is_committed_gated_recorded_and_reported(caps
     assert events[1]["detail"]["budget"] == 2e-6 and events[1]["commit_sha"] == events[0]["commit_sha"]
     html = write_report(tmp_path / "h.db", tmp_path / "report").read_text()
     assert "<h2>Quantization</h2>" in html and "kl-guided" in html and scoped[0].scope in html
+    assert "teacher-forced" in html and "free-running" in html
 
 
 def test_a_gate_over_budget_rolls_the_commit_back(capsys, tmp_path, registry, stubbed):

@@ -286,6 +286,15 @@ def test_the_budget_gate_passes_within_budget_with_changed_greedy_tokens():
     assert not judge(before, after, SPEED, config, interpreted=False).ok
 
 
+def test_the_budget_gate_reports_teacher_forced_agreement_beside_free_running():
+    before, after = summaries(0.01)
+    after.update(forced_agreement=0.98, kl_positions=120)
+    result = judge(before, after, SPEED, GateConfig(kl_budget=0.05), interpreted=True)
+    assert result.ok and result.forced_agreement == 0.98
+    assert ("greedy agreement 98% teacher-forced over 120 positions (greedy agreement 80% free-running over 5 "
+            "tokens)") in result.reason
+
+
 def test_the_budget_gate_fails_over_budget():
     before, after = summaries(0.2)
     result = judge(before, after, SPEED, GateConfig(kl_budget=0.05), interpreted=True)

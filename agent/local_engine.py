@@ -25,9 +25,16 @@ from kernelloop.profiler.workload import WorkloadRequest
 
 class LocalEngine:
     """An in-process engine. `fields` are EngineConfig's (model, device, kernels, registry, dtype,
-    cuda_graphs, random_weights, ...); `progress` hears "starting <name> (...)" when the engine is built."""
+    cuda_graphs, random_weights, ...), `registry` a path or the caller's Registry object (the engine then
+    serves from that one); `progress` hears "starting <name> (...)" when the engine is built."""
 
     def __init__(self, *, name: str = "the engine", progress: Progress = lambda message: None, **fields: Any) -> None:
+        from kernelloop.kernels.registry import Registry
+
+        given = fields.get("registry")
+        self._registry = given if isinstance(given, Registry) else None
+        if self._registry is not None:
+            fields["registry"] = str(self._registry.path)
         self.config = EngineConfig(**fields)
         self.name, self.progress = name, progress
         self._engine: Engine | None = None
@@ -38,7 +45,7 @@ class LocalEngine:
             c = self.config
             kind = f"{c.kernels} kernels" + (f", {c.dtype}" if c.dtype != "auto" else "")
             self.progress(f"starting {self.name} ({c.model or 'embedded model'}, {c.device}, {kind})")
-            self._engine = Engine(self.config)
+            self._engine = Engine(self.config, registry=self._registry)
         return self._engine
 
     @property

@@ -73,7 +73,9 @@ class StepOutput:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig = EngineConfig()):
+    def __init__(self, config: EngineConfig = EngineConfig(), registry: Registry | None = None):
+        """`registry`: the caller's Registry object for `config.registry` (with kernels="registry"), so that one
+        process holds one; None builds it from the path."""
         self.config = config
         self.model_dir = resolve_model_dir(config.model)
         self.model_config = read_config(self.model_dir)
@@ -88,7 +90,10 @@ class Engine:
             init_random_weights(self.model)
         else:
             load_weights(self.model, self.model_dir)
-        registry = Registry(config.registry) if config.kernels == "registry" else None
+        if config.kernels != "registry":
+            registry = None
+        elif registry is None:
+            registry = Registry(config.registry)
         self.kernels = Dispatcher(config.kernels, registry=registry, device=config.device,
                                   fallback=config.fallback, deterministic=config.deterministic)
         sched = config.scheduler

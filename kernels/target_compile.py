@@ -26,9 +26,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from kernelloop.common.errors import KernelloopError
+
+if TYPE_CHECKING:
+    from kernelloop.kernels.spec import OpSpec
 
 TARGETS = {"sm80": 80, "sm86": 86, "sm89": 89, "sm90": 90, "sm100": 100, "sm120": 120}
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -233,15 +236,13 @@ def device_target(index: int = 0) -> str | None:
     return name if name in TARGETS else None
 
 
-def source_problems(source: str, op: str, shapes: list[dict[str, int]], dtype: Any, target: str) -> list[str]:
+def source_problems(source: str, spec: OpSpec, shapes: list[dict[str, int]], dtype: Any, target: str) -> list[str]:
     """What stops a trusted source's kernels (a search template, a registry entry) from running well on
     `target` at `shapes`: compile errors, spills, too much shared memory. Empty when it fits."""
-    from kernelloop.kernels.ops import get_op
     from kernelloop.kernels.registry.entry import sha256_text
     from kernelloop.kernels.registry.loader import load_forward
 
-    spec = get_op(op)
-    forward = load_forward(source, sha256_text(source), f"{op} candidate")
+    forward = load_forward(source, sha256_text(source), f"{spec.name} candidate")
     problems, seen = [], set()
     for shape in shapes:
         with capture_launches() as launches:

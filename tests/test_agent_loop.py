@@ -72,6 +72,7 @@ def tune(tmp_path: Path, model_dir: Path, proposers: dict, gate: GateConfig | No
     return state, history, registry
 
 
+@pytest.mark.slow
 def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: Path) -> None:
     scripted = Scripted([CANDIDATES / "unwritten_tail.py"], [FAST])
     state, history, registry = tune(tmp_path, model_dir, {"scripted": scripted}, gate=CHECKED_GATE)
@@ -99,6 +100,7 @@ def test_a_winner_is_committed_reloaded_and_verified(tmp_path: Path, model_dir: 
     history.close()
 
 
+@pytest.mark.slow
 def test_a_failed_gate_rolls_the_commit_back(tmp_path: Path, model_dir: Path) -> None:
     impossible = GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, tps_tolerance=-100.0, runaway_tokens=0,
                            invariance_tokens=0)  # 101x or bust
@@ -110,6 +112,7 @@ def test_a_failed_gate_rolls_the_commit_back(tmp_path: Path, model_dir: Path) ->
     history.close()
 
 
+@pytest.mark.slow
 def test_the_llm_proposer_gets_each_rounds_feedback(tmp_path: Path, model_dir: Path) -> None:
     bad = "```python\nimport os\n\ndef forward(x, weight, eps):\n    return x\n```"
     good = f"Fewer programs:\n```python\n{FAST.read_text()}```"

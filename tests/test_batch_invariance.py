@@ -327,7 +327,7 @@ def test_the_proposers_aim_for_batch_invariance_when_asked() -> None:
     from kernelloop.agent.proposers.prompts import BATCH_INVARIANT_RULE, task_prompt
     from kernelloop.agent.proposers.search import SearchProposer, config_of, parse_header
 
-    ctx = TuneContext(op="rmsnorm", dtype="float32", device="cuda", shapes=tuple(get_op("rmsnorm").test_shapes[2:4]),
+    ctx = TuneContext(spec=get_op("rmsnorm"), dtype="float32", device="cuda", shapes=tuple(get_op("rmsnorm").test_shapes[2:4]),
                       best_source=None, baseline_source="", roofline={}, failures=())
     assert BATCH_INVARIANT_RULE not in task_prompt(dataclasses.replace(ctx, baseline_source="x"))
     assert BATCH_INVARIANT_RULE in task_prompt(dataclasses.replace(ctx, baseline_source="x", batch_invariant=True))

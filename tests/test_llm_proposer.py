@@ -82,7 +82,7 @@ VERDICTS = {
 @pytest.fixture
 def ctx() -> TuneContext:
     return TuneContext(
-        op="rmsnorm", dtype="bfloat16", device="cpu",
+        spec=get_op("rmsnorm"), dtype="bfloat16", device="cpu",
         shapes=({"tokens": 7, "hidden": 2880}, {"tokens": 1, "hidden": 2880}, {"tokens": 300, "hidden": 4096}),
         best_source=None, baseline_source=baseline_source("rmsnorm"),
         roofline={"bytes_per_s": 1.3e9, "roofline_pct": 6.2, "device_bytes_per_s": 2.0e10},
@@ -393,7 +393,7 @@ def test_baselines_are_shown_in_candidate_form(op, ctx):
     source = baseline_source(op)
     assert static_check(source, get_op(op).arg_names).ok
     assert "def forward(" in source and "def make_inputs" not in source and "SPEC =" not in source
-    task = task_prompt(dataclasses.replace(ctx, op=op, baseline_source=source, failures=()))
+    task = task_prompt(dataclasses.replace(ctx, spec=get_op(op), baseline_source=source, failures=()))
     assert "```python\n" + source.rstrip() + "\n```" in task
 
 

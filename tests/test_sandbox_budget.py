@@ -77,6 +77,7 @@ def test_a_correct_candidate_cut_off_while_timed_stays_correct(tmp_path: Path) -
     assert 45 <= v.duration_s < 55
 
 
+@pytest.mark.slow
 def test_correctness_cannot_take_the_timings_share(tmp_path: Path) -> None:
     spin = (REPO / "tests" / "sandbox_candidates" / "infinite_loop.py").read_text()
     options = CheckOptions(device="cpu", registry_baseline=False, dtypes=("float32",), seed=3, timeout_s=20)

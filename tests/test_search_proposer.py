@@ -30,7 +30,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def make_ctx(op: str, device: str = "cpu", shapes: tuple | None = None, **changes) -> TuneContext:
     spec = get_op(op)
     ctx = TuneContext(
-        op=op, dtype="float32", device=device,
+        spec=spec, dtype="float32", device=device,
         shapes=tuple(spec.test_shapes[2:4]) if shapes is None else shapes,
         best_source=None, baseline_source="", roofline={}, failures=(),
     )
@@ -200,7 +200,8 @@ def test_exhaustion_and_no_repeats(op):
 
 
 def test_unknown_op_gives_nothing():
-    ctx = dataclasses.replace(make_ctx("rmsnorm"), op="softmax")
+    unknown = dataclasses.replace(get_op("rmsnorm"), name="softmax")  # an op the search has no template for
+    ctx = dataclasses.replace(make_ctx("rmsnorm"), spec=unknown)
     assert SearchProposer().propose(ctx, [], 3) == []
 
 

@@ -95,12 +95,13 @@ out["big"] = [big.shared_bytes, compile_launch(launches[2], "sm86").problem]
 out["n_is_one"] = specialise(launches[3], make_backend(GPUTarget("cuda", 90, 32)))[:2]
 
 from kernelloop.agent.proposers.templates import rmsnorm as templates
+from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.target_compile import source_problems
 shapes = [{"tokens": 64, "hidden": 4096}]
 out["template_spills"] = source_problems(templates.render({"template": "multirow", "rows": 4, "num_warps": 2}),
-                                         "rmsnorm", shapes, torch.bfloat16, "sm90")
+                                         get_op("rmsnorm"), shapes, torch.bfloat16, "sm90")
 out["template_fits"] = source_problems(templates.render({"template": "row", "num_warps": 8}),
-                                       "rmsnorm", shapes, torch.bfloat16, "sm90")
+                                       get_op("rmsnorm"), shapes, torch.bfloat16, "sm90")
 print(json.dumps(out, default=str))
 '''
 

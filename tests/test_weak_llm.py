@@ -232,7 +232,7 @@ def test_a_model_the_endpoint_does_not_serve_fails_fast_before_profiling(tmp_pat
 # -- a model with a small context window --------------------------------------------------------
 
 def _ctx() -> TuneContext:
-    return TuneContext(op=OP, dtype="float32", device="cpu", shapes=(SHAPE,), best_source=None,
+    return TuneContext(spec=get_op(OP), dtype="float32", device="cpu", shapes=(SHAPE,), best_source=None,
                        baseline_source=baseline_source(OP), roofline={}, failures=())
 
 

@@ -46,9 +46,8 @@ class LoopContext:
 
     def __post_init__(self) -> None:
         if self.engine is None:
-            registry = str(self.registry.path) if self.registry is not None else None  # None: a test's stub context
             self.engine = LocalEngine(model=self.model, device=self.device, kernels="registry",
-                                      registry=registry, random_weights=self.random_weights,
+                                      registry=self.registry, random_weights=self.random_weights,
                                       progress=lambda message: self.progress(message))  # ctx.progress may be replaced
         check_handle(self.engine)
 
@@ -154,7 +153,8 @@ class LoopContext:
         key = (options.timing_shape and tuple(sorted(options.timing_shape.items())), options.timing_dtype,
                options.shapes and tuple(tuple(sorted(s.items())) for s in options.shapes))
         if key not in self._sandboxes:
-            self._sandboxes[key] = Sandbox(options, progress=throttled(self.progress, prefix="    sandbox: "))
+            self._sandboxes[key] = Sandbox(options, progress=throttled(self.progress, prefix="    sandbox: "),
+                                           registry=self.registry)
         return self._sandboxes[key]
 
     def close(self) -> None:

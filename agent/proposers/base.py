@@ -4,7 +4,10 @@ protocol the tune loop holds them by (agent/loop/nodes.py; `LoopContext.proposer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from kernelloop.kernels.spec import OpSpec
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,9 @@ class Proposal:
 
 @dataclass(frozen=True)
 class TuneContext:
-    """What a proposer knows about the op it is tuning: spec name, target, profile, current kernel, history."""
+    """What a proposer knows about the op it is tuning: its spec, target, profile, current kernel, history."""
 
-    op: str
+    spec: OpSpec                   # resolved once by the loop; `op` is its name
     dtype: str
     device: str
     shapes: tuple[dict, ...]       # shapes the engine profile saw, hottest first
@@ -33,6 +36,10 @@ class TuneContext:
     roofline: dict                 # {"bytes_per_s", "roofline_pct", "device_bytes_per_s"} of the current kernel, may be {}
     failures: tuple[dict, ...]     # earlier failed attempts from history: {"source", "failure", "reason"}
     batch_invariant: bool = False  # only batch-invariant winners count (agent tune --batch-invariant)
+
+    @property
+    def op(self) -> str:
+        return self.spec.name
 
 
 Feedback = list[tuple[Proposal, dict[str, Any]]]  # (an earlier proposal, the verdict JSON it got), oldest first

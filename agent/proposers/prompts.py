@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from kernelloop.kernels.candidate.static_check import ALLOWED_IMPORTS
 from kernelloop.kernels.display import safe_text
-from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.spec import OpSpec
 
 MAX_FAILURES_SHOWN = 4     # earlier failed attempts from history quoted in the task
 MAX_SHAPES_SHOWN = 8
@@ -58,9 +58,8 @@ def device_facts(device: str, roofline: dict | None = None) -> str:
     return GPU_FACTS.format(device=device, bandwidth=f" ({gb_per_s(bw)} copy bandwidth)" if bw else "")
 
 
-def candidate_rules(op: str) -> str:
+def candidate_rules(spec: OpSpec) -> str:
     """The candidate format and what the sandbox's static check and battery enforce."""
-    spec = get_op(op)
     args = ", ".join(spec.arg_names)
     outputs = "one new tensor" if spec.num_outputs == 1 else f"a tuple of {spec.num_outputs} new tensors"
     return "\n".join([
@@ -90,9 +89,9 @@ def candidate_rules(op: str) -> str:
     ])
 
 
-def spec_text(op: str) -> str:
+def spec_text(spec: OpSpec) -> str:
     """The op spec (OpSpec.describe() without the long engine shape list)."""
-    d = get_op(op).describe()
+    d = spec.describe()
     tolerances = ", ".join(f"{k}: atol={v['atol']:g} rtol={v['rtol']:g}" for k, v in d["tolerances"].items())
     return "\n".join([
         f"Op: {d['name']}",
@@ -105,8 +104,8 @@ def spec_text(op: str) -> str:
     ])
 
 
-def reference_source(op: str) -> str:
-    return inspect.getsource(get_op(op).reference).rstrip()
+def reference_source(spec: OpSpec) -> str:
+    return inspect.getsource(spec.reference).rstrip()
 
 
 def shapes_text(shapes: Iterable[dict], dtype: str) -> str:
@@ -165,13 +164,13 @@ def task_prompt(ctx: Any) -> str:
     which = "the registry's current kernel" if ctx.best_source else "the op's baseline kernel"
     sections = [
         f"Write a faster Triton implementation of the `{ctx.op}` op for {ctx.dtype} on {ctx.device}.",
-        "## Op spec\n" + spec_text(ctx.op),
-        "## Reference implementation (the ground truth, float32 math)\n```python\n" + reference_source(ctx.op) + "\n```",
+        "## Op spec\n" + spec_text(ctx.spec),
+        "## Reference implementation (the ground truth, float32 math)\n```python\n" + reference_source(ctx.spec) + "\n```",
         f"## Current kernel ({which}, a valid candidate; yours must beat it)\n```python\n" + current.rstrip() + "\n```",
         "## Profile (shapes the engine called this op with, hottest first)\n" + shapes_text(ctx.shapes, ctx.dtype),
         "## Performance\n" + roofline_text(ctx.roofline),
         "## Device\n" + device_facts(ctx.device, ctx.roofline),
-        "## " + candidate_rules(ctx.op),
+        "## " + candidate_rules(ctx.spec),
     ]
     if getattr(ctx, "batch_invariant", False):
         sections.append("## " + BATCH_INVARIANT_RULE)
@@ -203,7 +202,7 @@ def bare_code(source: str) -> str:
 def compact_task_prompt(ctx: Any) -> str:
     """The task for a model whose context window cannot hold `task_prompt`: the op, its signature, the
     current kernel and the rules in brief (no reference, profile, device facts or earlier failures)."""
-    spec = get_op(ctx.op)
+    spec = ctx.spec
     current = bare_code(ctx.best_source or ctx.baseline_source)
     return "\n\n".join([
         f"Write a faster Triton implementation of the `{ctx.op}` op for {ctx.dtype} on {ctx.device}.",

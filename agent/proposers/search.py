@@ -39,7 +39,6 @@ from typing import Any, Mapping, Sequence
 from kernelloop.agent.proposers.base import Feedback, Proposal, TuneContext
 from kernelloop.agent.proposers.templates import config_of, module_for, parse_header
 from kernelloop.kernels.device import triton_interpreted
-from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.spec import parse_dtype
 from kernelloop.kernels.target_compile import device_target, source_problems
@@ -180,9 +179,9 @@ class SearchProposer:
         target = device_target() if ctx.device == "cuda" and not triton_interpreted() else None
         if target is None:
             return True
-        shapes = list(ctx.shapes[:2]) or list(get_op(ctx.op).engine_shapes[:1])
+        shapes = list(ctx.shapes[:2]) or list(ctx.spec.engine_shapes[:1])
         try:
-            problems = source_problems(source, ctx.op, shapes, parse_dtype(ctx.dtype), target)
+            problems = source_problems(source, ctx.spec, shapes, parse_dtype(ctx.dtype), target)
         except Exception as exc:  # noqa: BLE001  (the sandbox will say what is wrong; do not guess here)
             log.info("search: compile check of %s failed (%s); proposing it anyway", label_of(ctx.op, params), exc)
             return True

@@ -122,9 +122,10 @@ class JudgePool:
             key = (job.op, fingerprint, str(options.to_json()))
             if key not in self._baselines:
                 from kernelloop.kernels.ops import get_op
+                from kernelloop.kernels.registry import Registry
                 from kernelloop.sandbox.judge.timing import registry_baseline
 
-                self._baselines[key] = registry_baseline(get_op(job.op), options, fingerprint)
+                self._baselines[key] = registry_baseline(get_op(job.op), options, Registry(options.registry), fingerprint)
             found = self._baselines[key]
             # No choice in the registry: the op's own kernel, which needs no registry on the worker.
             options = replace(options, baseline=found, registry=None, registry_baseline=found is not None)

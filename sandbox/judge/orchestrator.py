@@ -38,6 +38,7 @@ from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.compare import Comparison
 from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.ops import get_op
+from kernelloop.kernels.registry import Registry
 from kernelloop.kernels.spec import OpSpec
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.inside.guards import memory_refused
@@ -80,8 +81,11 @@ class Sandbox:
     `options.compile_for`, every correct candidate must also compile for those GPU targets
     (sandbox/judge/compile_check.py)."""
 
-    def __init__(self, options: CheckOptions, progress: Progress | None = None) -> None:
+    def __init__(self, options: CheckOptions, progress: Progress | None = None, registry: Registry | None = None) -> None:
+        """`registry`: the caller's Registry object for `options.registry` (whose choice is the timing
+        baseline), so that one process holds one; None builds it from the path."""
         self.options = options
+        self.registry = registry if registry is not None else Registry(options.registry)
         self.progress = progress or (lambda message: None)
         self.fingerprint = device_fingerprint(options.device)
         self.seed = master_seed(options)

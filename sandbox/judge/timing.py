@@ -38,14 +38,13 @@ def planned_timing(spec: OpSpec, options: Any) -> tuple[dict, str]:
     return shape, timing_dtype(spec, options)
 
 
-def registry_baseline(spec: OpSpec, options: Any, fingerprint: str, shape: dict | None = None,
+def registry_baseline(spec: OpSpec, options: Any, registry: Registry, fingerprint: str, shape: dict | None = None,
                       dtype: str | None = None) -> tuple[str, str] | None:
-    """(source, entry id) of the registry's current choice (`options.registry`) for the device, dtype
-    and the shape's bucket (default: `planned_timing`); None when `options.registry_baseline` is off,
-    there is no registry or no choice, or the entry's file does not match its hash."""
+    """(source, entry id) of `registry`'s current choice for the device, dtype and the shape's bucket
+    (default: `planned_timing`); None when `options.registry_baseline` is off, there is no registry or no
+    choice, or the entry's file does not match its hash."""
     if not options.registry_baseline:
         return None
-    registry = Registry(options.registry)
     if not registry.exists():
         return None
     if shape is None or dtype is None:
@@ -67,7 +66,8 @@ class ABTimer:
         asked for (the CPU may time a smaller shape, sandbox.judge.plan), else the op's own kernel."""
         sandbox = self.sandbox
         found = sandbox.options.baseline or registry_baseline(
-            spec, sandbox.options, sandbox.fingerprint, timing.get("asked_shape", timing["shape"]), timing["dtype"])
+            spec, sandbox.options, sandbox.registry, sandbox.fingerprint, timing.get("asked_shape", timing["shape"]),
+            timing["dtype"])
         if found is not None:
             v.baseline = f"registry {found[1]}"
             return found

@@ -42,13 +42,12 @@ def sensitivity_chart(sens: Sequence[Mapping[str, Any]], plan: Mapping[str, str]
     return _png(fig)
 
 
+def _fmt(value: Any, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
 def _num(value: Any, fmt: str) -> str:
-    ok = isinstance(value, (int, float)) and math.isfinite(value)
-    return f'<td class="num">{format(value, fmt) if ok else "-"}</td>'
-
-
-def _share(value: Any) -> str:
-    return format(value, ".1%") if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+    return f'<td class="num">{_fmt(value, fmt)}</td>'
 
 
 def _mib(n: Any) -> str:
@@ -112,6 +111,6 @@ def _gate(events: Sequence[Mapping[str, Any]], sha: str | None, device: str) -> 
     ratio = g.get("tps_ratio")
     return (f"<p>gate for commit {html.escape(sha[:10])}: {verdict}: {html.escape(str(g.get('reason', '')))}</p>"
             f"<p class=\"meta\">KL after {g.get('kl_after', float('nan')):.2e} nats (budget {g.get('kl_budget')}), greedy "
-            f"agreement {_share(g.get('forced_agreement'))} teacher-forced, {_share(g.get('agreement'))} "
+            f"agreement {_fmt(g.get('forced_agreement'), '.1%')} teacher-forced, {_fmt(g.get('agreement'), '.1%')} "
             f"free-running, tokens/s "
             f"after/before {'-' if ratio is None else format(ratio, '.2f')}x{label}</p>")

@@ -30,7 +30,6 @@ from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.display import storable_text
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import Provenance, sha256_text
-from kernelloop.kernels.spec import OpSpec
 from kernelloop.profiler.workload import agent_workload
 from kernelloop.sandbox import CheckOptions
 from kernelloop.sandbox.verdict import CORRECT_FAILURES, judge_or_refuse
@@ -97,13 +96,6 @@ class Nodes:
     def __init__(self, ctx: LoopContext, settings: TuneSettings) -> None:
         self.ctx, self.settings = ctx, settings
         self.fingerprint = device_fingerprint(settings.device)
-        self._spec: OpSpec | None = None
-
-    def spec(self, op: str) -> OpSpec:
-        """The op being tuned, resolved once per run (the loop's state holds its name: it is checkpointed)."""
-        if self._spec is None or self._spec.name != op:
-            self._spec = get_op(op)
-        return self._spec
 
     # -- profile and target ---------------------------------------------------------------------
 
@@ -118,7 +110,7 @@ class Nodes:
             op, why = choose_target(profile, ctx.history)
             ctx.progress(f"target: {why}")
         dtype, shapes, roofline = op_shapes(profile, op)
-        bucket = self.spec(op).bucket(shapes[0])
+        bucket = get_op(op).bucket(shapes[0])
         ctx.progress(f"{op}: tuning {dtype} [{bucket}] ({len(shapes)} shapes seen)")
         return {"op": op, "profile_id": profile_id, "dtype": dtype, "shapes": shapes, "bucket": bucket,
                 "roofline": roofline, "round": 0, "pending": [], "judged": [], "status": "running"}
@@ -134,7 +126,7 @@ class Nodes:
         failures = tuple({"source": a.get("source", ""), "failure": a["failure"], "reason": a["reason"]}
                          for a in ctx.history.attempts(op=op, limit=20)
                          if a.get("failure") not in (None, *CORRECT_FAILURES, *PROPOSAL_FAILURES))[:5]
-        spec = self.spec(op)
+        spec = get_op(op)  # the state holds the op's name (it is checkpointed); the proposers get its spec
         tctx = TuneContext(spec=spec, dtype=state["dtype"], device=self.settings.device, shapes=tuple(state["shapes"]),
                            best_source=ctx.registry.source(entry) if entry else None,
                            baseline_source=inspect.getsource(inspect.getmodule(spec.forward)),

@@ -27,7 +27,7 @@ class Proposal:
 class TuneContext:
     """What a proposer knows about the op it is tuning: its spec, target, profile, current kernel, history."""
 
-    spec: OpSpec                   # resolved once by the loop; `op` is its name
+    spec: OpSpec                   # resolved by the loop from the state's op name; `op` is its name
     dtype: str
     device: str
     shapes: tuple[dict, ...]       # shapes the engine profile saw, hottest first

@@ -8,8 +8,7 @@ over int8 are cheap enough, not only where int4 alone beats int8 per nat. The cl
 rung costing more than KNEE_FACTOR times the nats per byte of the selection so far (doubling the KL there would buy
 less than 1/KNEE_FACTOR more bytes). A selection filled to the budget's edge with such rungs saves a few MiB more and
 is as likely as not to be over the budget on the next prompts (docs/benchmarks/2026-12-04-cpu-interpreter-quantize-e2e.md).
-KL is not additive (errors of several
-layers interact), so the whole selection is then measured, and while its upper confidence bound is over the budget
+KL is not additive (errors of several layers interact), so the whole selection is then measured, and while its upper confidence bound is over the budget
 the least efficient rungs are stepped back down (enough that their estimated share matches the excess) and it is
 measured again.
 """

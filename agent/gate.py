@@ -190,6 +190,9 @@ class _Checks:
         return text
 
 
+INTERPRETED_NOTE = " (cpu-interpreter timings: reported, not judged)"
+
+
 def greedy_agreement(before: list[list[int]], after: list[list[int]]) -> float:
     """Share of generated positions where after's token equals before's, position by position (a position
     only one side generated counts as a disagreement)."""
@@ -205,7 +208,8 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
     """Compare two `summary()`s and an `alternate_speed()`, in this order: greedy tokens identical, KL not
     grown past the margin, no new batch divergence, no new runaway, task accuracy not confidently lower,
     tokens/s not confidently slower. With `config.kl_budget` set, `judge_budget` instead. `interpreted`: the
-    timings are the CPU interpreter's (reported, never deciding; budget mode only)."""
+    timings are the CPU interpreter's (reported, never deciding: they move with the machine's other work
+    more than kernels move them)."""
     kl_before, kl_after = before["kl"], after["kl"]
     tps_before, tps_after = median(speed["before"]), median(speed["after"])
     lo, hi = speed["interval"]
@@ -233,12 +237,12 @@ def judge(before: dict[str, Any], after: dict[str, Any], speed: dict[str, Any], 
                                            f"(margin {config.kl_margin:.0e})")
     elif failed:
         result.ok, result.reason = False, failed
-    elif hi < 1 - config.tps_tolerance:
+    elif not interpreted and hi < 1 - config.tps_tolerance:
         result.ok, result.reason = False, (f"tokens/s dropped: {tps_before:.1f} -> {tps_after:.1f}, after/before "
                                            f"{speed['ratio']:.2f}x [{lo:.2f}, {hi:.2f}] over {rounds}")
     else:
         result.reason = (f"greedy outputs unchanged; KL {kl_before:.2e} -> {kl_after:.2e} nats; "
-                         f"{checks.passed(len(result.invariance))}{tps}")
+                         f"{checks.passed(len(result.invariance))}{tps}{INTERPRETED_NOTE if interpreted else ''}")
     return result
 
 
@@ -275,5 +279,5 @@ def judge_budget(result: GateResult, before: dict[str, Any], after: dict[str, An
     else:
         result.reason = (f"KL {result.kl_before:.2e} -> {result.kl_after:.2e} nats, within the budget {budget:.2e}; "
                          f"{agreement}; {checks.passed(len(result.invariance))}{tps}"
-                         + (" (cpu-interpreter timings: reported, not judged)" if interpreted else ""))
+                         + (INTERPRETED_NOTE if interpreted else ""))
     return result

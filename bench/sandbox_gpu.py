@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             "Timing: interleaved A/B rounds, fresh inputs for every timed call, each call checked; the timed part is "
             "the replay of the call's recorded launches in a process where no candidate Python runs, "
             + ("CUDA events after a 256 MB zero_() L2 flush." if device == "cuda" else
-               "the judge's wall clock (cpu-interpreter)."),
+               "the replayer's CPU time, read by the judge from /proc (cpu-interpreter)."),
             f"Checked and timed in {DTYPE}; every case judged with the sandbox's static check off (the `static` column "
             "is that check, run by the judge: honest cases must pass it, exploits are judged past it); "
             f"{sandboxes.started} sandbox(es) (fork servers) started, one per timing shape.",

@@ -60,6 +60,18 @@ def test_a_real_slowdown_fails_with_its_interval(load: str) -> None:
     assert result.tps_interval[1] < 0.9 and result.speed_rounds == 3
 
 
+def test_interpreter_timings_are_reported_never_judged() -> None:
+    """The CPU interpreter's tokens/s moved 0.83x [0.82, 0.87] between two servings of the same kernels under
+    load: on CPU the same slowdown passes, its figures in the reason, labelled; quality still decides."""
+    measure_at, _ = _machine(0.5, LOADS["idle"])
+    speed = alternate_speed(measure_at, "before", "after", rounds=3)
+    result = judge(SUMMARY, SUMMARY, speed, GateConfig(), interpreted=True)
+    assert result.ok and "cpu-interpreter timings: reported, not judged" in result.reason
+    assert "tokens/s" in result.reason and result.tps_interval[1] < 0.9
+    changed = judge(SUMMARY, {**SUMMARY, "greedy": [[1, 2, 4]]}, speed, GateConfig(), interpreted=True)
+    assert not changed.ok and "greedy output of prompt 0 changed" in changed.reason
+
+
 def test_one_before_and_one_after_figure_would_have_failed() -> None:
     """The old rule (after >= before * 0.9, one figure each) on the 'hog starts' load: the regression
     this replaces."""

@@ -126,28 +126,98 @@ def test_a_sandboxed_process_compiles_for_sm90_and_starts_nothing_else(tmp_path:
 
 
 
-@pytest.mark.parametrize("device, expected", [("cuda", 0.25), ("cpu", None)])
-def test_replay_seconds_are_cuda_events_on_cuda_and_the_judges_clock_on_cpu(device: str, expected) -> None:  # noqa: ANN001
-    """A CUDA replayer runs no candidate Python, so its event time is the measurement; a CPU replayer
-    interprets the candidate's kernels, so what it reports is ignored for the judge's own clock."""
-    import socket
+def _replaying_child(device: str, pid: int, chan_fd: int) -> Child:
+    """A Child with only its protocol side set up, standing for the process `pid`."""
+    from kernelloop.sandbox import wire
 
+    child = Child.__new__(Child)
+    child.chan, child.deadline, child.device, child.busy_s = wire.Channel(chan_fd), time.monotonic() + 5, device, 0.0
+    child.pid, child._check_memory = pid, lambda: None
+    child._sent_at, child._n_inputs, child._go_at, child._cpu_at = time.monotonic(), 1, time.perf_counter(), {}
+    return child
+
+
+def _send_done(fd: int, elapsed: float) -> tuple:
     import torch
 
     from kernelloop.sandbox import wire
 
+    out, after = torch.ones(3), torch.zeros(2)
+    wire.Channel(fd).send({"type": "done", "elapsed_s": elapsed, "error": None, "outputs": 1, "violations": []},
+                          [out, after])
+    return out, after
+
+
+@pytest.mark.parametrize("device, expected", [("cuda", 0.25), ("cpu", None)])
+def test_replay_seconds_are_cuda_events_on_cuda_and_never_the_childs_word_on_cpu(device: str, expected) -> None:  # noqa: ANN001
+    """A CUDA replayer runs no candidate Python, so its event time is the measurement; a CPU replayer
+    interprets the candidate's kernels, so what it reports is ignored for the judge's own measure."""
+    import socket
+
+    import torch
+
     ours, theirs = socket.socketpair()
     try:
-        child = Child.__new__(Child)  # the protocol only: no process behind it
-        child.chan, child.deadline, child.device, child.busy_s = wire.Channel(ours.fileno()), time.monotonic() + 5, device, 0.0
-        child._check_memory = lambda: None
-        child._sent_at, child._n_inputs, child._go_at = time.monotonic(), 1, time.perf_counter()
-        out, after = torch.ones(3), torch.zeros(2)
-        wire.Channel(theirs.fileno()).send({"type": "done", "elapsed_s": 0.25, "error": None, "outputs": 1,
-                                             "violations": []}, [out, after])
+        child = _replaying_child(device, os.getpid(), ours.fileno())
+        out, after = _send_done(theirs.fileno(), 0.25)
         got, inputs_after, seconds, done = child.finish_replay(1 << 20)
         assert torch.equal(got[0], out) and torch.equal(inputs_after[0], after) and done["elapsed_s"] == 0.25
         assert seconds == expected if expected is not None else 0 <= seconds < 0.25
+    finally:
+        ours.close()
+        theirs.close()
+
+
+_SLEEPY = """
+import sys, time
+sys.stdout.write("up\\n"); sys.stdout.flush()
+while True:
+    x = 0
+    for i in range(100_000):
+        x += i
+    time.sleep(0.1)
+"""
+
+
+def test_cpu_replay_seconds_are_the_replayers_cpu_time_not_the_wall_clock() -> None:
+    """On CPU the judge reads the replayer's CPU time from /proc: a process that mostly waits (as one
+    does while other work holds the cores) is charged what it ran, not the wall clock between go and done."""
+    import socket
+
+    from kernelloop.sandbox.judge.children import thread_cpu_ns
+
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPY], stdout=subprocess.PIPE, text=True)
+    ours, theirs = socket.socketpair()
+    try:
+        assert proc.stdout.readline() == "up\n"
+        child = _replaying_child("cpu", proc.pid, ours.fileno())
+        child._cpu_at = thread_cpu_ns([proc.pid])
+        assert child._cpu_at and all(ns > 0 for ns in child._cpu_at.values())
+        child._go_at = time.perf_counter()
+        time.sleep(0.6)
+        _send_done(theirs.fileno(), 9.0)
+        _, _, seconds, _ = child.finish_replay(1 << 20)
+        wall = time.perf_counter() - child._go_at
+        assert 0 < seconds < wall / 2, (seconds, wall)
+    finally:
+        proc.kill()
+        proc.wait()
+        ours.close()
+        theirs.close()
+
+
+def test_cpu_replay_seconds_fall_back_to_the_wall_clock_when_a_thread_ended() -> None:
+    """A thread that ran before "go" and is gone at "done" would take its time with it: the wall clock."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    try:
+        child = _replaying_child("cpu", os.getpid(), ours.fileno())
+        child._cpu_at = {(os.getpid(), 1 << 30): 1}  # a thread that no longer exists
+        child._go_at = time.perf_counter() - 0.5
+        _send_done(theirs.fileno(), 9.0)
+        _, _, seconds, _ = child.finish_replay(1 << 20)
+        assert seconds >= 0.5
     finally:
         ours.close()
         theirs.close()

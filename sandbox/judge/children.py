@@ -92,6 +92,23 @@ def rss_bytes(pids: Iterable[int]) -> int:
     return total
 
 
+def thread_cpu_ns(pids: Iterable[int]) -> dict[tuple[int, int], int]:
+    """Nanoseconds each thread of the processes has run so far, by (pid, tid): the scheduler's own count
+    (/proc/<pid>/task/<tid>/schedstat), nothing the process says. Threads gone meanwhile are left out."""
+    times = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                times[(pid, int(tid))] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return times
+
+
 def kill_session(pid: int) -> None:
     for target in [pid, *session_members(pid)]:
         for kill in (os.killpg, os.kill):
@@ -139,6 +156,7 @@ class Child:
         self.isolation: dict[str, str] = {}  # its "ready" message's, once received
         self.closed = False
         self._go_at = 0.0
+        self._cpu_at: dict[tuple[int, int], int] = {}
         self.last_config: int | None = None  # the config slot of the last call sent
 
     def _check_memory(self) -> None:
@@ -200,14 +218,17 @@ class Child:
         self._sent_at, self._n_inputs = time.monotonic(), len(inputs)
         self.send(Stage(type="stage", record=record), inputs)
         self.expect("staged")
+        if self.device != "cuda":
+            self._cpu_at = thread_cpu_ns(session_members(self.pid) or [self.pid])
         self._go_at = time.perf_counter()
         self.send(Go(type="go") if order is None else Go(type="go", order=order))
 
     def finish_replay(self, limit: int) -> tuple[list, list, float, Done]:
         """(outputs, inputs afterwards, seconds, "done"). The seconds: on CUDA the replayer's event time
-        (no candidate Python runs in a CUDA replayer); on CPU the judge's own clock, from "go" until
-        every output byte arrived (a CPU replayer interprets the candidate's kernels: its word counts
-        for nothing)."""
+        (no candidate Python runs in a CUDA replayer); on CPU the CPU time the replayer's processes ran
+        from "go" until every output byte arrived, read by the judge from /proc (a CPU replayer interprets
+        the candidate's kernels: its word counts for nothing). CPU time, not the wall clock: on shared
+        cores the wall clock also counts the turns of other work."""
         received, got = self.receive(limit)
         wall = time.perf_counter() - self._go_at
         done: Done | Error = parse(received, "done", "error")
@@ -218,8 +239,17 @@ class Child:
             raise wire.ProtocolError("replay outputs with the wrong number of tensors")
         self.busy_s += time.monotonic() - self._sent_at
         elapsed = done["elapsed_s"]
-        seconds = float(elapsed) if self.device == "cuda" and elapsed is not None else wall
+        seconds = float(elapsed) if self.device == "cuda" and elapsed is not None else self._cpu_seconds(wall)
         return got[:n], got[n:], seconds, done
+
+    def _cpu_seconds(self, wall: float) -> float:
+        """The replay's CPU time since `start_replay`; the wall clock when a thread that ran before it
+        ended meanwhile (its time would be lost) or the kernel keeps no count."""
+        before, after = self._cpu_at, thread_cpu_ns(session_members(self.pid) or [self.pid])
+        ran = sum(after.values()) - sum(before.values())
+        if not before or ran <= 0 or any(key not in after for key in before):
+            return wall
+        return ran / 1e9
 
     def death(self) -> str:
         """How the process ended, once its channel closed: 'exit status N' or 'killed by signal X'."""

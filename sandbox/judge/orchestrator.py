@@ -324,6 +324,13 @@ class Sandbox:
                 return
         if plan["timing"]:
             v.stage = "timing"
+            # Timed in a fresh replayer, as the baseline is: a process that replayed the whole battery runs
+            # the same kernels a few percent faster than a new one (bench/judge_aa.py).
+            replayer.close()
+            replayer, rload = self.spawn("replay", spec, source, filename, work / "timing-replayer", load["constants"])
+            if not rload["ok"]:
+                v.fail("untraceable", f"its kernels could not be rebuilt for timing: {str(rload['error'])[:300]}")
+                return
             self.timer.time_candidate(spec, plan["timing"], v, work, runner, replayer)
             if v.failure == "timing-incomplete":
                 return  # stopped while timing

@@ -5,7 +5,8 @@ offers every phase: `spawn` (a sandboxed process for the candidate being judged)
 judge, replay, judge the replay) and `run`, the candidate's CandidateRun (its budget, deadline, phase
 and processes: sandbox/judge/candidate_run.py). The baseline (the registry's current choice for the
 device, dtype and bucket, else the op's own kernel) runs in its own runner and replayer, confined like a
-candidate. Timing has the rest of the candidate's budget (sandbox/judge/budget.py); a candidate cut off
+candidate, and the candidate's kernels are replayed in a replayer started for timing (the same age as the
+baseline's). Timing has the rest of the candidate's budget (sandbox/judge/budget.py); a candidate cut off
 here stays correct and is not accepted (`timing-incomplete`).
 """
 
@@ -93,7 +94,7 @@ class ABTimer:
             return
         v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
         mode = "replay, cuda events after an L2 flush" if options.device == "cuda" else \
-            "replay, judge's wall clock (cpu-interpreter)"
+            "replay, replayer's CPU time (cpu-interpreter)"
         dtype = parse_dtype(timing["dtype"])
         rates = device_rates(options.device, dtype)  # measured once per device, then cached
         judging.judge_timing(v, spec, timing["shape"], dtype, rounds, options.min_gain, rates, mode)

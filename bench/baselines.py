@@ -35,7 +35,7 @@ import torch
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton before any kernel module is imported)
 from kernelloop.kernels import OPS, get_op
 from kernelloop.kernels.compare import check_outputs
-from kernelloop.kernels.device import default_device, device_fingerprint, triton_interpreted
+from kernelloop.kernels.device import Device, default_device, device_fingerprint, triton_interpreted
 from kernelloop.kernels.roofline import Rates, matmul_peak
 from kernelloop.kernels.spec import OpSpec, Shape, dtype_name, parse_dtype
 from kernelloop.kernels.timing import auto_reps, measure_copy_bandwidth, summarize, time_calls
@@ -78,8 +78,8 @@ def _error(exc: BaseException) -> str:
 
 def measure(fn: Any, device: str, policy: RepPolicy) -> float:
     """Median seconds per call, reps chosen to fill about `policy.target_s`."""
-    reps, _ = auto_reps(fn, device, target_s=policy.target_s, min_reps=policy.min_reps, max_reps=policy.max_reps)
-    return summarize(time_calls(fn, device, warmup=max(1, reps // 10), reps=reps))["median"]
+    reps, _ = auto_reps(fn, Device.of(device), target_s=policy.target_s, min_reps=policy.min_reps, max_reps=policy.max_reps)
+    return summarize(time_calls(fn, Device.of(device), warmup=max(1, reps // 10), reps=reps))["median"]
 
 
 def _sync(device: str) -> None:
@@ -183,7 +183,7 @@ def device_rates(device: str, dtypes: Sequence[torch.dtype], copy_bw: float, log
     rates = {}
     for dtype in dtypes:
         try:
-            peak = matmul_peak(device, dtype)
+            peak = matmul_peak(Device.of(device), dtype)
         except Exception as exc:
             peak = math.inf
             log(f"matmul peak ({dtype_name(dtype)}) failed: {_error(exc)}; roofline from bytes only")
@@ -262,7 +262,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    device = args.device or default_device()
+    device = args.device or default_device().kind
     if args.rehearse and step_device(True, "bench.baselines") is None:
         return 2
     if device == "cuda" and (not torch.cuda.is_available() or triton_interpreted()):
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device_facts(device)  # cached now, while the device is surely healthy
     log(f"device {fingerprint}; {len(plan)} rows; measuring copy bandwidth and matmul peaks")
     try:
-        copy_bw = measure_copy_bandwidth(device)
+        copy_bw = measure_copy_bandwidth(Device.of(device))
     except Exception as exc:  # no bandwidth side of the roofline then, but the rest of the table still counts
         copy_bw = 0.0
         log(f"copy bandwidth measurement failed: {_error(exc)}")

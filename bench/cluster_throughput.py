@@ -54,7 +54,7 @@ def judge_local(sources: list[str], options: CheckOptions) -> dict[str, float]:
 
 def judge_pool(address: str, workers: int, sources: list[str], options: CheckOptions) -> dict[str, float]:
     jobs = [ClusterJob("rmsnorm", s, f"variant-{i}.py", options) for i, s in enumerate(sources)]
-    with JudgePool(address, device=options.device, workers=workers) as pool:
+    with JudgePool(address, device=options.device.kind, workers=workers) as pool:
         arrivals: list[float] = []
 
         def arrived(i: int, v: object) -> None:

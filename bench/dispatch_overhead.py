@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kernelloop import kernels
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.registry import Registry
 
@@ -44,7 +45,7 @@ def measure_op(name: str, calls: int, repeats: int, registry: Registry) -> dict[
         return a[0]
 
     fake = dataclasses.replace(spec, forward=instant, reference=instant)
-    kd = Dispatcher("registry", registry=registry, device="cpu", ops={name: fake})
+    kd = Dispatcher("registry", registry=registry, device=CPU, ops={name: fake})
     op = kd.ops[name]
     start = time.perf_counter_ns()
     op(*args)  # the miss: resolves and caches

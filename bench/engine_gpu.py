@@ -29,6 +29,7 @@ import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.sampling import SamplingParams
 from kernelloop.engine.scheduler import SchedulerConfig
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.timing import measure_copy_bandwidth
 
 from bench.rehearse import TINY_LLAMA, step_device, synchronize
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = TINY_LLAMA if args.rehearse else LLAMA3_8B
     shape_name = "tiny Llama (rehearsal)" if args.rehearse else "Llama-3-8B shape"
     batches = [int(b) for b in args.batches.split(",")]
-    copy_bw = measure_copy_bandwidth(device)
+    copy_bw = measure_copy_bandwidth(Device.of(device))
     rows: list[dict[str, Any]] = []
     state: dict[str, Any] = {"variants": None, "weight_bytes": None, "step_bytes": {}, "hf_missing": None}
 

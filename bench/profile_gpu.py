@@ -29,6 +29,7 @@ import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.recorder import replay_timing
 from kernelloop.engine.scheduler import SchedulerConfig
+from kernelloop.kernels.device import Device
 from kernelloop.profiler.inprocess import profile_engine
 from kernelloop.profiler.ncu import availability as ncu_availability
 from kernelloop.profiler.ncu import ncu_metrics
@@ -78,7 +79,7 @@ def problems(profile: dict[str, Any], device: str, kernels_mode: str) -> list[st
         out.append("the profile has no rows")
     if profile["partial"]:
         out.append(f"the profile is partial: {profile['partial_reason']}")
-    expected = replay_timing(device)
+    expected = replay_timing(Device.of(device))
     ops = [r for r in profile["rows"] if r["kind"] == "op"]
     if not ops:
         out.append("no op of the library ran")

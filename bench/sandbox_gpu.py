@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.timing import summarize, time_calls
 from kernelloop.sandbox import CheckOptions, Sandbox, SandboxUnavailable, Verdict, static_check
@@ -207,7 +208,7 @@ def l2_rows(device: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
     warmup, reps = L2_CALLS[device]
     rows, medians = [], {}
     for label, flush in L2_FLUSHES:
-        medians[label] = summarize(time_calls(lambda: rms.forward(*inputs), device, warmup=warmup, reps=reps,
+        medians[label] = summarize(time_calls(lambda: rms.forward(*inputs), Device.of(device), warmup=warmup, reps=reps,
                                               flush_l2=flush))["median"]
         synchronize(device)
         mode = "cuda events" if device == "cuda" else "wall clock (cpu-interpreter: no L2, nothing flushed)"

@@ -83,7 +83,7 @@ def engine_config(args: argparse.Namespace):
     from kernelloop.kernels.device import resolve_device
 
     device = resolve_device(args.device)
-    kernels = args.kernels or ("registry" if device == "cuda" else "reference")
+    kernels = args.kernels or ("reference" if device.interpreted else "registry")
     if args.registry and kernels != "registry":
         raise KernelloopError("--registry is only used with --kernels registry")
     if args.fallback != "baseline" and kernels != "registry":

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernelloop.kernels.device import Device
+
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -54,10 +56,10 @@ class ModelConfig:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(name: str, model: ModelConfig, device: str) -> torch.dtype:
+def resolve_dtype(name: str, model: ModelConfig, device: Device) -> torch.dtype:
     """`auto`: float32 on CPU (the reference ops' home), the checkpoint's dtype on a GPU."""
     if name == "auto":
-        if torch.device(device).type == "cpu":
+        if device.interpreted:
             return torch.float32
         return DTYPES.get(model.torch_dtype, torch.bfloat16)
     try:

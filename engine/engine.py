@@ -33,6 +33,7 @@ from kernelloop.engine.sampling import SamplingParams
 from kernelloop.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from kernelloop.engine.tokenizer import Tokenizer
 from kernelloop.engine.weights import init_random_weights, load_weights
+from kernelloop.kernels.device import CPU, Device
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.registry import Registry
 
@@ -46,7 +47,7 @@ class InvalidRequest(EngineError):
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # HF-format directory or a known name (smollm2); None: the embedded model
-    device: str = "cpu"
+    device: Device = CPU  # a name ("cpu", "cuda") is turned into its Device
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     kernels: str = "reference"  # reference | baseline | registry
     registry: str | None = None  # registry path (kernels=registry); None: the default registry
@@ -58,6 +59,9 @@ class EngineConfig:
     cuda_graphs: bool = True  # decode through captured CUDA graphs (CUDA devices only)
     random_weights: bool = False  # benchmark shapes without a checkpoint: seeded random weights
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device", Device.of(self.device))
 
 
 @dataclass
@@ -80,7 +84,7 @@ class Engine:
         self.model_dir = resolve_model_dir(config.model)
         self.model_config = read_config(self.model_dir)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self.device = torch.device(config.device)
+        self.device = config.device.torch
         if self.device.type == "cpu":
             keep_freed_memory()  # large per-layer buffers stay in the heap (engine/cpu_allocator.py)
         self.dtype = resolve_dtype(config.dtype, self.model_config, config.device)
@@ -197,7 +201,7 @@ class Engine:
 
     def start_recording(self, trace: bool = False) -> None:
         """Time every step's regions and every op call until `stop_recording()` (between steps)."""
-        rec = Recorder(self.device, trace=trace, dispatcher=self.kernels)
+        rec = Recorder(self.config.device, trace=trace, dispatcher=self.kernels)
         self.recorder = rec
         self.kernels.observer = rec.op
         self._stats_at_start = dict(self.stats)

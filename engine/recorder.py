@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 import torch
 
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.spec import OpSpec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
@@ -54,19 +55,19 @@ REPLAY_BUDGET_S = 30.0  # replay stops after this long; the (op, dtype, bucket) 
 REPLAY_REPS = {"cuda": (3, 10), "cpu": (0, 1)}
 
 
-def in_run_timing(device: torch.device | str) -> str:
-    return "cuda-events" if torch.device(device).type == "cuda" else "cpu-wall"
+def in_run_timing(device: Device) -> str:
+    return device.timer
 
 
-def replay_timing(device: torch.device | str) -> str:
-    return "cuda-kernel-replay" if torch.device(device).type == "cuda" else "cpu-wall-replay"
+def replay_timing(device: Device) -> str:
+    return "cpu-wall-replay" if device.interpreted else "cuda-kernel-replay"
 
 
 class Recorder:
-    def __init__(self, device: torch.device | str, trace: bool = False, dispatcher: "Dispatcher | None" = None,
+    def __init__(self, device: Device, trace: bool = False, dispatcher: "Dispatcher | None" = None,
                  op_timing: str = "auto") -> None:
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
+        self.device = device
+        self.cuda = device.timer == "cuda-events"  # regions bracketed by CUDA events
         self.trace = trace
         self._regions: dict[str, list[Any]] = defaultdict(list)  # name -> seconds (CPU) or event pairs (CUDA)
         self._ops: dict[tuple[str, str, tuple], list[Any]] = defaultdict(list)
@@ -156,7 +157,7 @@ class Recorder:
     def _seconds(self, samples: list[Any]) -> list[float]:
         if not self.cuda:
             return samples
-        torch.cuda.synchronize(self.device)
+        self.device.synchronize()
         return [start.elapsed_time(end) / 1e3 for start, end in samples]
 
     def replays(self) -> bool:
@@ -175,7 +176,7 @@ class Recorder:
         ops = [{"op": op, "dtype": dtype, "shape": dict(shape), "calls": len(s), "seconds": sum(self._seconds(s)),
                 "timing": timing}
                for (op, dtype, shape), s in dict(self._ops).items()]
-        raw = {"device": "cuda" if self.cuda else "cpu", "region_timing": timing, "op_timing": _label(ops),
+        raw = {"device": self.device.kind, "region_timing": timing, "op_timing": _label(ops),
                "regions": regions, "ops": ops, "replay_errors": []}
         return self.replay(raw) if replay else raw
 
@@ -224,14 +225,14 @@ def _serving_variant(dispatcher: "Dispatcher", spec: OpSpec, dtype: str, bucket:
     return next((v.fn for v in chain if v.name == name), chain[0].fn)
 
 
-def _replay_one(fn: Callable[..., Any], args: tuple, device: torch.device, warmup: int, reps: int) -> float:
+def _replay_one(fn: Callable[..., Any], args: tuple, device: Device, warmup: int, reps: int) -> float:
     """Median seconds per call of `fn(*args)` (kernels.timing: CUDA events after an L2 flush; perf_counter on CPU)."""
     from kernelloop.kernels.timing import summarize, time_calls
 
     return summarize(time_calls(lambda: fn(*args), device, warmup=warmup, reps=reps))["median"]
 
 
-def replay_op_seconds(ops: list[dict[str, Any]], dispatcher: "Dispatcher", device: torch.device | str, *,
+def replay_op_seconds(ops: list[dict[str, Any]], dispatcher: "Dispatcher", device: Device, *,
                       samples: int = REPLAY_SAMPLES, budget_s: float = REPLAY_BUDGET_S) -> tuple[list[dict[str, Any]], list[str]]:
     """`ops` (a Recorder's op entries) with seconds = calls x replayed seconds per call, and the errors.
 
@@ -240,9 +241,8 @@ def replay_op_seconds(ops: list[dict[str, Any]], dispatcher: "Dispatcher", devic
     variant that served the bucket; every observed shape gets the per-call time interpolated in
     bytes between the replayed ones. A bucket whose replay raises or that the budget leaves out keeps
     its in-run seconds and label. Entries gain `in_run_seconds` and `replayed` (its exact shape ran)."""
-    dev = torch.device(device)
-    warmup, reps = REPLAY_REPS["cuda" if dev.type == "cuda" else "cpu"]
-    label = replay_timing(dev)
+    warmup, reps = REPLAY_REPS[device.kind]
+    label = replay_timing(device)
     out = [{**o, "in_run_seconds": o["seconds"], "replayed": False} for o in ops]
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for o in out:
@@ -264,7 +264,7 @@ def replay_op_seconds(ops: list[dict[str, Any]], dispatcher: "Dispatcher", devic
             entries.sort(key=lambda e: moved[id(e)])
             points = []
             for i in _sample_indices(len(entries), samples):
-                per_call = _replay_one(fn, spec.make_inputs(entries[i]["shape"], dtype, 0, str(dev)), dev, warmup, reps)
+                per_call = _replay_one(fn, spec.make_inputs(entries[i]["shape"], dtype, 0, device.torch), device, warmup, reps)
                 points.append((float(moved[id(entries[i])]), per_call))
                 entries[i]["replayed"] = True
         except Exception as exc:  # out of memory, a kernel that raises on fresh inputs: keep the in-run times

@@ -258,7 +258,7 @@ def create_app(loop: EngineLoop, model_names: str | Sequence[str], max_body_byte
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok" if loop.error is None else "degraded", "last_error": loop.error,
-                "device": engine.kernels.device, "kernels": engine.kernels.mode, "model": names[0],
+                "device": engine.kernels.fingerprint, "kernels": engine.kernels.mode, "model": names[0],
                 "model_dir": str(engine.model_dir),
                 "registry": str(engine.kernels.registry.path) if engine.kernels.registry is not None else None}
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from kernelloop.kernels.device import CPU, Device
 from kernelloop.kernels.spec import UNIT_ROUNDOFF, ErrorBounds, OpSpec, Shape, Tolerance, Variant, dtype_name
 
 
@@ -180,13 +181,13 @@ def check_impl(
     shape: Shape,
     dtype: torch.dtype,
     seed: int,
-    device: str = "cpu",
+    device: Device = CPU,
     variant: Variant | None = None,
 ) -> CheckResult:
     """Run `impl` and the reference on the same fresh inputs and compare every output."""
     # No variant, no fifth argument: a spec written before variants takes four.
     extra = (variant,) if variant else ()
-    args = spec.make_inputs(shape, dtype, seed, device, *extra)
+    args = spec.make_inputs(shape, dtype, seed, device.torch, *extra)
     expected = spec.reference(*args)
     try:
         outputs = impl(*args)

@@ -36,7 +36,7 @@ INVARIANT_REFERENCES = frozenset({"rmsnorm", "fused_add_rmsnorm", "silu_mul", "r
 ROWWISE = "rowwise"
 
 
-def invariant_entry(entries: Sequence[Entry], spec: OpSpec, device: str, dtype: str, bucket: str,
+def invariant_entry(entries: Sequence[Entry], spec: OpSpec, fingerprint: str, dtype: str, bucket: str,
                     scope: str = "") -> Entry | None:
     """The registry entry deterministic mode may serve at `bucket`: batch invariant, and the same source
     at every size of the op's bucketed dims (the other dims as in `bucket`). None otherwise."""
@@ -44,7 +44,7 @@ def invariant_entry(entries: Sequence[Entry], spec: OpSpec, device: str, dtype: 
     chosen: Entry | None = None
     for lo in (1,) + tuple(b + 1 for b in TOKEN_BUCKETS):  # the smallest size of every bucket
         sibling = spec.bucket({**shape, **{k: lo for k in spec.bucketed}})
-        entry = select_entry(list(entries), spec.name, device, dtype, sibling, scope)
+        entry = select_entry(list(entries), spec.name, fingerprint, dtype, sibling, scope)
         if entry is None or entry.batch_invariant is not True or (chosen and entry.sha256 != chosen.sha256):
             return None
         chosen = entry

@@ -1,6 +1,6 @@
 """Dispatch: the one call the engine makes per op.
 
-    kd = Dispatcher(mode="registry", registry=Registry(), device="cuda")
+    kd = Dispatcher(mode="registry", registry=Registry(), device=CUDA)
     y = kd.rmsnorm(x, weight, eps)
 
 Per (op, dispatch key) the variant is resolved once and cached: the registry's entry for
@@ -30,7 +30,7 @@ import torch
 
 from kernelloop.common.errors import RegistryError
 from kernelloop.kernels import deterministic as det
-from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.device import CPU, Device
 from kernelloop.kernels.ops import OPS
 from kernelloop.kernels.registry import Entry, Registry, select_entry
 from kernelloop.kernels.scoped import Projections
@@ -130,7 +130,7 @@ class Dispatcher:
         self,
         mode: Mode = "registry",
         registry: Registry | None = None,
-        device: str = "cpu",
+        device: Device = CPU,
         ops: Mapping[str, OpSpec] = OPS,
         fallback: Fallback = "baseline",
         deterministic: bool = False,
@@ -143,7 +143,8 @@ class Dispatcher:
         self.deterministic = deterministic
         self.fallback = fallback  # what serves an op no registry entry covers: its baseline or the reference
         self.registry = registry if registry is not None else (Registry() if mode == "registry" else None)
-        self.device = device_fingerprint(device)
+        self.device = device
+        self.fingerprint = device.fingerprint  # as registry entries name the device
         self.registry_error: str | None = None
         # Profiling hook: observer(spec, args) -> context manager around each call; None costs one check.
         self.observer: Callable[[OpSpec, tuple], ContextManager] | None = None
@@ -153,7 +154,7 @@ class Dispatcher:
         self._entries = self._read_entries()
         self._loaded: dict[str, Callable | None] = {}
         self.ops: dict[str, OpDispatch] = {name: OpDispatch(spec, self) for name, spec in ops.items()}
-        self.projections = Projections(ops, lambda spec, scope: OpDispatch(spec, self, scope), self.device)
+        self.projections = Projections(ops, lambda spec, scope: OpDispatch(spec, self, scope), self.fingerprint)
         self.projections.set_entries(self._entries)
         for name, op in self.ops.items():
             setattr(self, name, op)  # kd.rmsnorm(...) without __getattr__ on the hot path
@@ -187,7 +188,7 @@ class Dispatcher:
         if self.mode == "registry" and self.fallback == "reference":
             chain = [reference]
         if self.mode == "registry":
-            entry = select_entry(self._entries, spec.name, self.device, dtype, bucket, scope)
+            entry = select_entry(self._entries, spec.name, self.fingerprint, dtype, bucket, scope)
             fn = self._load(entry) if entry is not None else None
             if fn is not None:
                 chain.insert(0, Variant(f"registry:{entry.id}", _within_judged_tokens(spec, fn, self.device)))
@@ -197,7 +198,7 @@ class Dispatcher:
         """[an invariant registry entry], then the op's deterministic fallback; both invariant."""
         name, fn = det.fallback(spec, "reference" if self.fallback == "reference" else self.mode)
         chain = [Variant(name, fn)] + ([Variant(det.ROWWISE, det.rowwise(spec))] if name != det.ROWWISE else [])
-        entry = (det.invariant_entry(self._entries, spec, self.device, dtype, bucket, scope)
+        entry = (det.invariant_entry(self._entries, spec, self.fingerprint, dtype, bucket, scope)
                  if self.mode == "registry" else None)
         loaded = self._load(entry) if entry is not None else None
         if loaded is not None:
@@ -261,7 +262,7 @@ class Dispatcher:
         return self._loaded[entry.sha256]
 
 
-def _within_judged_tokens(spec: OpSpec, fn: Callable[..., Any], device: str) -> Callable[..., Any]:
+def _within_judged_tokens(spec: OpSpec, fn: Callable[..., Any], device: Device) -> Callable[..., Any]:
     """`fn`, or the baseline for a call with more tokens than the judge checks on `device` (no wrapper
     where the judge covers the scheduler's whole budget)."""
     limit = spec.judged_tokens(device)

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from kernelloop.common.errors import KernelloopError
+from kernelloop.kernels.device import Device
 
 INT4_GROUPS = (128, 64)  # the largest that divides K
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -83,10 +84,10 @@ def dequantize_fp8(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return qweight.float() * scales.float()[:, None]
 
 
-def _cuda_fp8(device: str) -> bool:
-    if not device.startswith("cuda") or not torch.cuda.is_available():
+def _cuda_fp8(device: Device) -> bool:
+    if device.interpreted or not torch.cuda.is_available():
         return False
-    return torch.cuda.get_device_capability(torch.device(device)) >= (8, 9)
+    return torch.cuda.get_device_capability() >= (8, 9)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class Scheme:
     quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # weight [N, K] -> (qweight, scales)
     dequantize: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]       # -> float32 [N, K]
     bits: int                   # per weight value
-    supported: Callable[[str], bool] = lambda device: True  # device: "cpu", "cuda", "cuda:1"
+    supported: Callable[[Device], bool] = lambda device: True
 
     def applies(self, k: int) -> bool:
         """Whether a weight with this K can be stored (int4 needs a group that divides K)."""

@@ -20,24 +20,21 @@ from typing import Callable
 import torch
 
 from kernelloop.common.paths import cache_root
-from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.device import Device, device_fingerprint
 from kernelloop.kernels.precision import full_precision_matmuls
 from kernelloop.kernels.spec import Cost, dtype_name
 from kernelloop.kernels.timing import measure_copy_bandwidth, summarize, time_calls
 
-MATMUL_SIZE = {"cuda": 8192, "cpu": 1024}  # square matmul measured: long enough to reach the peak
 
-
-def measure_matmul_peak(device: str | torch.device, dtype: torch.dtype) -> float:
+def measure_matmul_peak(device: Device, dtype: torch.dtype) -> float:
     """FLOP/s of a large square matmul in `dtype` (float32 without TF32)."""
-    dev = torch.device(device)
-    n = MATMUL_SIZE["cuda" if dev.type == "cuda" else "cpu"]
+    dev, n = device.torch, device.matmul_size
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=g).to(dtype=dtype, device=dev)
     b = torch.randn(n, n, generator=g).to(dtype=dtype, device=dev)
     out = torch.empty(n, n, dtype=dtype, device=dev)
     with full_precision_matmuls():
-        samples = time_calls(lambda: torch.matmul(a, b, out=out), dev, warmup=2, reps=10, flush_l2=False)
+        samples = time_calls(lambda: torch.matmul(a, b, out=out), device, warmup=2, reps=10, flush_l2=False)
     return 2 * n**3 / summarize(samples)["median"]
 
 
@@ -60,15 +57,15 @@ def _cached(key: str, measure: Callable[[], float]) -> float:
     return value
 
 
-def copy_bandwidth(device: str | torch.device) -> float:
+def copy_bandwidth(device: Device) -> float:
     """Bytes/s (read + write) of a large device-to-device copy, measured once per device."""
     return _cached(f"{device_fingerprint(device)} copy", lambda: measure_copy_bandwidth(device))
 
 
-def matmul_peak(device: str | torch.device, dtype: torch.dtype) -> float:
+def matmul_peak(device: Device, dtype: torch.dtype) -> float:
     """FLOP/s of a large matmul in `dtype`, measured once per device and dtype. On CPU always float32:
     the interpreter computes every dot in float32, and torch's bf16 CPU matmul can be far slower."""
-    if torch.device(device).type != "cuda":
+    if device.interpreted:
         dtype = torch.float32
     return _cached(f"{device_fingerprint(device)} matmul {dtype_name(dtype)}", lambda: measure_matmul_peak(device, dtype))
 
@@ -89,6 +86,6 @@ class Rates:
         return "compute" if cost.flops / self.flops_per_s > cost.bytes / self.bytes_per_s else "memory"
 
 
-def device_rates(device: str | torch.device, dtype: torch.dtype) -> Rates:
+def device_rates(device: Device, dtype: torch.dtype) -> Rates:
     """The roofline of `device` for `dtype`, each rate measured once and cached."""
     return Rates(copy_bandwidth(device), matmul_peak(device, dtype))

@@ -31,10 +31,10 @@ class Projections:
 
     `make_dispatch(spec, scope)` builds the per-scope dispatch (kernels/dispatch.py OpDispatch)."""
 
-    def __init__(self, ops: Mapping[str, OpSpec], make_dispatch: Callable[[OpSpec, str], Any], device: str) -> None:
+    def __init__(self, ops: Mapping[str, OpSpec], make_dispatch: Callable[[OpSpec, str], Any], fingerprint: str) -> None:
         self._ops = ops
         self._make = make_dispatch
-        self._device = device  # the dispatcher's device fingerprint, as entries name it
+        self._fingerprint = fingerprint  # the dispatcher's device, as entries name it
         self.plan: dict[str, Scheme] = {}
         self._from_registry: dict[str, dict[str, Scheme]] = {}  # dtype name -> scope -> scheme
         self._entries: list[Entry] = []
@@ -97,7 +97,7 @@ class Projections:
         if dtype not in self._from_registry:
             chosen: dict[str, Scheme] = {}
             for e in sorted(self._entries, key=lambda e: e.key):
-                if e.device == self._device and e.dtype == dtype and e.op in SCHEME_OF_OP:
+                if e.device == self._fingerprint and e.dtype == dtype and e.op in SCHEME_OF_OP:
                     chosen[e.scope] = SCHEME_OF_OP[e.op]
             self._from_registry[dtype] = chosen
         return self._from_registry[dtype]

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from kernelloop.common.errors import UnknownDtypeError
+from kernelloop.kernels.device import Device
 
 Shape = Mapping[str, int]
 Variant = Mapping[str, Any]
@@ -265,12 +266,12 @@ class OpSpec:
     error_bounds: Mapping[torch.dtype, ErrorBounds] = field(default_factory=lambda: DEFAULT_ERROR_BOUNDS)
     batch_rows: tuple[str, ...] = ()
 
-    def battery(self, device: str) -> list[Case]:
+    def battery(self, device: Device) -> list[Case]:
         """The cases a candidate must pass on `device` in each dtype (each seed the judge draws):
         test and held-back shapes (+ many rows on CPU, engine shapes on CUDA) with the default
         inputs, then every variant on every variant shape. The sandbox adds `range_cases`."""
         shapes = list(self.test_shapes) + list(self.held_back)
-        if device.startswith("cuda"):
+        if not device.interpreted:
             shapes += pick_shapes(self.engine_shapes, CUDA_ENGINE_SHAPES)
         elif self.many_rows is not None:
             shapes.append(self.many_rows)
@@ -283,11 +284,10 @@ class OpSpec:
         on CPU (every dtype on CUDA), after the battery."""
         return _unique([Case(dict(s)) for s in self.range_shapes])
 
-    def judged_tokens(self, device: str) -> int:
-        """The most tokens (rows) a kernel of this op is judged at on `device` (an option's "cpu" /
-        "cuda" or a registry fingerprint): the scheduler's whole budget on a GPU, the CPU cap on the
+    def judged_tokens(self, device: Device) -> int:
+        """The most tokens (rows) a kernel of this op is judged at on `device`: the scheduler's whole budget on a GPU, the CPU cap on the
         interpreter. The engine sends a registry kernel no more (kernels/dispatch.py)."""
-        if device.startswith("cpu"):
+        if device.interpreted:
             return self.cpu_range_tokens or CPU_RANGE_TOKENS
         return TOKEN_BUDGET
 

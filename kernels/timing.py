@@ -19,6 +19,8 @@ from typing import Any, Callable, Literal, Union
 
 import torch
 
+from kernelloop.kernels.device import Device
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # well above any current GPU's L2 (H100/H200: 50 MB)
 FLUSH_KINDS = ("write", "read")
 FlushL2 = Union[bool, Literal["write", "read"]]
@@ -65,7 +67,7 @@ def l2_flusher(dev: torch.device, flush_l2: FlushL2 | None) -> Callable[[], None
 
 
 def time_calls(
-    fn: Callable[[], Any], device: str | torch.device, *, warmup: int, reps: int, flush_l2: FlushL2 = True
+    fn: Callable[[], Any], device: Device, *, warmup: int, reps: int, flush_l2: FlushL2 = True
 ) -> list[float]:
     """Seconds taken by each of `reps` calls of `fn()`, after `warmup` untimed calls.
 
@@ -76,13 +78,9 @@ def time_calls(
     if reps < 1 or warmup < 0:
         raise ValueError(f"time_calls: need reps >= 1 and warmup >= 0, got reps={reps} warmup={warmup}")
     flush_kind(flush_l2)  # a bad value fails on CPU too, not first on the GPU
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
-        with torch.cuda.device(dev):
-            return _time_cuda(fn, dev, warmup, reps, flush_l2)
-    if dev.type != "cpu":
-        raise ValueError(f"time_calls: unsupported device {device!r}")
+    if device.timer == "cuda-events":
+        dev = torch.device("cuda", torch.cuda.current_device())
+        return _time_cuda(fn, dev, warmup, reps, flush_l2)
     for _ in range(warmup):
         fn()
     samples = []
@@ -133,24 +131,22 @@ def summarize(samples: list[float]) -> dict[str, float]:
 
 
 def auto_reps(
-    fn: Callable[[], Any], device: str | torch.device, *, target_s: float, min_reps: int, max_reps: int
+    fn: Callable[[], Any], device: Device, *, target_s: float, min_reps: int, max_reps: int
 ) -> tuple[int, float]:
     """(reps, estimate): how many calls fill about `target_s`, from a 3-call estimate (1 on CPU)."""
-    probe = 3 if torch.device(device).type == "cuda" else 1
+    probe = 1 if device.interpreted else 3
     estimate = summarize(time_calls(fn, device, warmup=1, reps=probe))["median"]
     reps = int(target_s / max(estimate, 1e-7))
     return max(min_reps, min(max_reps, reps)), estimate
 
 
-def measure_copy_bandwidth(device: str | torch.device, nbytes: int | None = None) -> float:
+def measure_copy_bandwidth(device: Device, nbytes: int | None = None) -> float:
     """Achieved bytes/s of a large device-to-device copy (bytes read + bytes written).
 
     The roofline every op's achieved GB/s is compared with: 1 GiB on CUDA, 256 MiB on CPU.
     """
-    dev = torch.device(device)
-    if nbytes is None:
-        nbytes = (1 << 30) if dev.type == "cuda" else (256 << 20)
-    src = torch.ones(nbytes, dtype=torch.uint8, device=dev)
+    nbytes = device.copy_bytes if nbytes is None else nbytes
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device.torch)
     dst = torch.empty_like(src)
-    samples = time_calls(lambda: dst.copy_(src), dev, warmup=2, reps=10, flush_l2=False)
+    samples = time_calls(lambda: dst.copy_(src), device, warmup=2, reps=10, flush_l2=False)
     return 2 * nbytes / summarize(samples)["median"]

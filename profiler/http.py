@@ -104,7 +104,7 @@ async def _profile(url: str, workload: list[WorkloadRequest], concurrency: int, 
     local = default_device()
     # the roofline is measured here, so it describes the engine only when the engine runs on this device
     rates = (lambda dtype: device_rates(local, dtype)) if device == device_fingerprint(local) else None
-    return assemble(raw, device=device, engine=url, model=model, kernels=health.get("kernels", "unknown"),
+    return assemble(raw, fingerprint=device, engine=url, model=model, kernels=health.get("kernels", "unknown"),
                     wall_seconds=wall, requests=traffic.done, latencies=summarize_latencies(traffic.ttft, traffic.tpot),
                     rates=rates, partial_reason=reason, notes=notes, auto_stopped=bool(stopped.get("auto_stopped")),
                     cancelled_requests=traffic.in_flight)

@@ -83,6 +83,6 @@ def profile_engine(engine: Engine, workload: list[WorkloadRequest], *, concurren
     if trace_path is not None:
         trace_path.parent.mkdir(parents=True, exist_ok=True)
         torch_trace.export_chrome_trace(str(trace_path))
-    return assemble(raw, device=engine.kernels.device, engine="in-process", model=str(engine.model_dir),
+    return assemble(raw, fingerprint=engine.kernels.fingerprint, engine="in-process", model=str(engine.model_dir),
                     kernels=engine.kernels.mode, wall_seconds=wall, requests=done,
-                    latencies=summarize_latencies(ttft, tpot), rates=lambda dtype: device_rates(engine.device, dtype))
+                    latencies=summarize_latencies(ttft, tpot), rates=lambda dtype: device_rates(engine.config.device, dtype))

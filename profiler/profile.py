@@ -17,7 +17,7 @@ from kernelloop.profiler.analysis import RatesFor, profile_rows, region_timing
 __all__ = ["Profile", "ProfileRow", "ShapeSeen", "assemble"]
 
 
-def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kernels: str, wall_seconds: float,
+def assemble(raw: dict[str, Any], *, fingerprint: str, engine: str, model: str, kernels: str, wall_seconds: float,
              requests: int, latencies: Mapping[str, float | None], rates: RatesFor | None, partial_reason: str = "",
              notes: list[str] | None = None, auto_stopped: bool = False, cancelled_requests: int = 0) -> Profile:
     """The profile of one run: `raw` is the engine's `stop_recording()` ({} when nothing was recorded),
@@ -28,8 +28,8 @@ def assemble(raw: dict[str, Any], *, device: str, engine: str, model: str, kerne
     prompt = counters.get("prompt_tokens", 0)
     return {
         "created_at": datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
-        "device": device, "engine": engine, "model": model, "kernels": kernels,
-        "timing_label": CPU_INTERPRETER if device == CPU_INTERPRETER else "cuda",
+        "device": fingerprint, "engine": engine, "model": model, "kernels": kernels,
+        "timing_label": CPU_INTERPRETER if fingerprint == CPU_INTERPRETER else "cuda",
         "op_timing": (raw.get("op_timing") or region_timing(raw)) if raw else None,
         "region_timing": region_timing(raw) if raw else None,
         "replay_errors": list(raw.get("replay_errors") or []),

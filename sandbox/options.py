@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kernelloop.kernels.device import CPU, Device
+
 
 @dataclass(frozen=True)
 class CheckOptions:
@@ -37,7 +39,7 @@ class CheckOptions:
                   memory is refused (`compile-target`). Empty: no compile check.
     """
 
-    device: str = "cpu"
+    device: Device = CPU  # a name ("cpu", "cuda") is turned into its Device; JSON holds the name
     registry: Path | None = None
     registry_baseline: bool = True
     dtypes: tuple[str, ...] = ()
@@ -57,12 +59,15 @@ class CheckOptions:
     batch_invariance: bool = True
     baseline: tuple[str, str] | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device", Device.of(self.device))
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON data (a Path as text, tuples as lists); `from_json` gives back an equal object."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, Path):
+            if isinstance(value, (Path, Device)):
                 value = str(value)
             elif isinstance(value, tuple):
                 value = [dict(v) if isinstance(v, dict) else v for v in value]

@@ -22,6 +22,7 @@ import torch
 from kernelloop.common.errors import RegistryError
 from kernelloop.kernels import deterministic as det
 from kernelloop.kernels import interpreter_autotune
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.ops import OPS, get_op
 from kernelloop.kernels.registry.entry import ANY_BUCKET, Entry, Provenance
@@ -224,8 +225,8 @@ def test_deterministic_dispatch_serves_only_invariant_variants_and_reports_fallb
 
     rms = _add(registry, "rmsnorm", CONTROL, True)
     _add(registry, "silu_mul", CANDIDATES / "control_silu_mul_flat.py", False)
-    kd = Dispatcher("registry", registry=registry, device="cpu", deterministic=True)
-    plain = Dispatcher("registry", registry=registry, device="cpu")
+    kd = Dispatcher("registry", registry=registry, device=CPU, deterministic=True)
+    plain = Dispatcher("registry", registry=registry, device=CPU)
     for d in (kd, plain):
         d.rmsnorm(*get_op("rmsnorm").make_inputs({"tokens": 2, "hidden": 64}, torch.float32, 0, "cpu"))
         d.silu_mul(*get_op("silu_mul").make_inputs({"tokens": 2, "d": 64}, torch.float32, 0, "cpu"))
@@ -248,7 +249,7 @@ def test_deterministic_dispatch_serves_only_invariant_variants_and_reports_fallb
 def test_an_entry_that_serves_only_some_row_counts_is_not_served_deterministically(registry) -> None:  # noqa: ANN001
     registry.add("rmsnorm", CONTROL.read_text(), device="cpu-interpreter", dtype="float32", bucket="hidden=64,tokens=2-16",
                  speedup=1.5, speedup_ci=(1.4, 1.6), provenance=Provenance("human"), batch_invariant=True)
-    kd = Dispatcher("registry", registry=registry, device="cpu", deterministic=True)
+    kd = Dispatcher("registry", registry=registry, device=CPU, deterministic=True)
     kd.rmsnorm(*get_op("rmsnorm").make_inputs({"tokens": 2, "hidden": 64}, torch.float32, 0, "cpu"))
     assert set(kd.variants_in_use()["rmsnorm"].values()) == {"baseline"}  # one row would get another variant
 

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from kernelloop.kernels import OPS
 from kernelloop.kernels.compare import check_impl
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import decode_attention, rope, rope_kernel, silu_mul_kernel
 from kernelloop.kernels.spec import REAL_HIDDEN, TOKEN_BUDGET, Case, pick_shapes
 
@@ -30,7 +31,7 @@ BATTERY = [
 
 @pytest.mark.parametrize("spec,dtype", BATTERY)
 def test_baseline_passes_its_whole_cpu_battery(spec, dtype):
-    results = [check_impl(spec, spec.forward, c.shape, dtype, 0, variant=c.variant) for c in spec.battery("cpu")]
+    results = [check_impl(spec, spec.forward, c.shape, dtype, 0, variant=c.variant) for c in spec.battery(CPU)]
     failed = [r for r in results if not r.ok]
     assert not failed, "\n".join(map(str, failed))
     # A correct kernel sits well inside the bounds on the error's statistics. float32's bounds are a few tens of
@@ -83,13 +84,13 @@ def test_default_inputs_are_unchanged_bit_for_bit(name):
 
 
 def _has(spec, pred) -> bool:
-    return any(pred(c) for c in spec.battery("cpu"))
+    return any(pred(c) for c in spec.battery(CPU))
 
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_battery_covers_the_contract(name):
     spec = OPS[name]
-    cases = spec.battery("cpu")
+    cases = spec.battery(CPU)
     old = {json.dumps(s, sort_keys=True) for s in spec.test_shapes + spec.held_back}
     assert len(cases) == len({json.dumps([c.shape, c.variant], sort_keys=True) for c in cases}), "duplicates"
     assert all(isinstance(c, Case) for c in cases)
@@ -118,7 +119,7 @@ def test_battery_covers_the_contract(name):
 @pytest.mark.parametrize("name", list(OPS))
 def test_cuda_battery_adds_engine_shapes_instead_of_many_rows(name):
     spec = OPS[name]
-    cpu, cuda = spec.battery("cpu"), spec.battery("cuda")
+    cpu, cuda = spec.battery(CPU), spec.battery("cuda")
     assert Case(dict(spec.many_rows)) in cpu and Case(dict(spec.many_rows)) not in cuda
     assert all(Case(dict(s)) in cuda for s in pick_shapes(spec.engine_shapes, 4))
 
@@ -231,7 +232,7 @@ def test_wrong_kernel_passes_the_old_inputs_and_fails_the_new_battery(label):
     for c in old:
         r = check_impl(spec, impl, c.shape, dtype, 0, variant=c.variant)
         assert r.ok, f"{label} should pass the plain test shapes: {r}"
-    battery = spec.battery("cpu")
+    battery = spec.battery(CPU)
     new = [c for c in battery if c not in old and (c.shape == spec.many_rows if catcher == "many_rows"
                                                    else c.variant == catcher)]
     assert new, f"no {catcher} case in the battery"
@@ -344,7 +345,7 @@ def test_kernels_wrong_only_at_the_engines_ranges_pass_the_battery_and_fail_a_ra
     name, shape = RANGE_WRONG[fixture]
     spec = OPS[name]
     assert shape in cpu_range_cases(spec)
-    old = [r for c in spec.battery("cpu")
+    old = [r for c in spec.battery(CPU)
            if not (r := check_impl(spec, module.forward, c.shape, torch.float32, 0, variant=c.variant)).ok]
     assert not old, f"{fixture} should pass the battery without the ranges:\n" + "\n".join(map(str, old))
     r = check_impl(spec, module.forward, shape, torch.float32, 0)

@@ -16,6 +16,7 @@ import kernelloop.profiler.ncu as ncu
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.recorder import Recorder, interpolate, replay_op_seconds
 from kernelloop.engine.scheduler import SchedulerConfig
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.ops import OPS
 from kernelloop.kernels.quant import SCHEME_OF_OP
@@ -131,8 +132,8 @@ def _entries(*tokens: int, seconds: float = 1.0) -> list[dict]:
 
 
 def test_replay_prices_every_shape_from_a_few_replayed_ones():
-    kd = Dispatcher(mode="reference", device="cpu")
-    ops, errors = replay_op_seconds(_entries(17, 20, 40, 100, 1), kd, "cpu")
+    kd = Dispatcher(mode="reference", device=CPU)
+    ops, errors = replay_op_seconds(_entries(17, 20, 40, 100, 1), kd, CPU)
     assert errors == []
     by_tokens = {o["shape"]["tokens"]: o for o in ops}
     assert all(o["timing"] == "cpu-wall-replay" and o["in_run_seconds"] == 1.0 for o in ops)
@@ -147,16 +148,16 @@ def test_a_replay_that_raises_keeps_the_in_run_times_and_demotes_nothing():
     def boom(x, weight, eps):
         raise RuntimeError("bad kernel")
 
-    kd = Dispatcher(mode="reference", device="cpu", ops={"rmsnorm": dataclasses.replace(OPS["rmsnorm"], reference=boom)})
-    ops, errors = replay_op_seconds(_entries(17, 40), kd, "cpu")
+    kd = Dispatcher(mode="reference", device=CPU, ops={"rmsnorm": dataclasses.replace(OPS["rmsnorm"], reference=boom)})
+    ops, errors = replay_op_seconds(_entries(17, 40), kd, CPU)
     assert [o["seconds"] for o in ops] == [1.0, 1.0] and {o["timing"] for o in ops} == {"cpu-wall"}
     assert len(errors) == 1 and "RuntimeError: bad kernel" in errors[0]
-    ops, errors = replay_op_seconds(_entries(17), Dispatcher(mode="reference", device="cpu"), "cpu", budget_s=-1)
+    ops, errors = replay_op_seconds(_entries(17), Dispatcher(mode="reference", device=CPU), CPU, budget_s=-1)
     assert ops[0]["seconds"] == 1.0 and "replay budget" in errors[0]
 
 
 def test_recorder_replays_only_when_asked_on_cpu():
-    rec = Recorder("cpu", dispatcher=Dispatcher(mode="reference", device="cpu"))
+    rec = Recorder(CPU, dispatcher=Dispatcher(mode="reference", device=CPU))
     assert not rec.replays()  # auto: CPU op times stay perf_counter
     rec.attach(rec.dispatcher, "replay")
     assert rec.replays()
@@ -164,7 +165,7 @@ def test_recorder_replays_only_when_asked_on_cpu():
     assert not rec.replays()
     with pytest.raises(ValueError):
         rec.attach(None, "kernel")
-    assert Recorder("cpu").collect()["op_timing"] is None
+    assert Recorder(CPU).collect()["op_timing"] is None
 
 
 def test_rows_say_which_clock_timed_them():

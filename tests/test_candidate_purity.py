@@ -15,6 +15,7 @@ import torch
 from kernelloop.kernels.candidate.guarded_builtins import STAND_INS
 from kernelloop.kernels.candidate.loader import load_kernel
 from kernelloop.kernels.candidate.runtime_purity import IMPURE, ImpureModule
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import Provenance
@@ -165,7 +166,7 @@ def test_the_dispatcher_demotes_a_registry_kernel_whose_state_changes(registry, 
     key_bucket = SPEC.bucket(SPEC.shape_of(*args))
     registry.add("rmsnorm", bomb, device="cpu-interpreter", dtype="float32", bucket=key_bucket, speedup=2.0,
                  speedup_ci=(1.5, 2.5), provenance=Provenance("search"))
-    kd = Dispatcher("registry", registry=registry, device="cpu")
+    kd = Dispatcher("registry", registry=registry, device=CPU)
     out = kd.rmsnorm(*args)
     torch.testing.assert_close(out, SPEC.reference(*args), atol=1e-5, rtol=1e-5)
     (demotion,) = kd.demotions

@@ -9,6 +9,7 @@ import torch
 
 from kernelloop.common.errors import RegistryError
 from kernelloop.kernels import OPS, get_op
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.registry import ANY_BUCKET
 
@@ -151,7 +152,7 @@ def test_reload_at_a_revision_pins_that_commit_until_the_next_plain_reload(regis
 
 def test_entries_of_another_device_are_ignored(registry):
     add(registry, RAISING_SOURCE, device="NVIDIA H200 sm90", bucket=ANY_BUCKET)
-    kd = Dispatcher("registry", registry=registry, device="cpu")
+    kd = Dispatcher("registry", registry=registry, device=CPU)
     kd.rmsnorm(*inputs())
     assert kd.variants_in_use()["rmsnorm"] == {"float32 hidden=33,tokens=2-16": "baseline"}
 

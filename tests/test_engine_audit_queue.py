@@ -10,6 +10,7 @@ import pytest
 from kernelloop.engine.audit_queue import AUDIT_TOP, AuditQueue, asks_for_json
 from kernelloop.engine.openai_api import ChatRequest
 from kernelloop.engine.sampler import TokenLogprobs
+from kernelloop.kernels.device import CPU
 
 
 def add(queue: AuditQueue, n: int) -> None:
@@ -100,7 +101,7 @@ def test_the_dispatcher_knows_the_commit_it_serves_and_falls_back_to_the_referen
     from tests.test_audit_rollback import CLEAN, commit
 
     first = commit(registry, CLEAN, 1.1)
-    kd = Dispatcher("registry", registry=registry, device="cpu", fallback="reference")
+    kd = Dispatcher("registry", registry=registry, device=CPU, fallback="reference")
     assert kd.commit == first
     second = commit(registry, CLEAN.replace("# expect: control", "# expect: control (2)"), 1.2)
     assert kd.commit == first and kd.reload() is not None and kd.commit == second
@@ -108,5 +109,5 @@ def test_the_dispatcher_knows_the_commit_it_serves_and_falls_back_to_the_referen
     assert kd.commit == first  # a pinned revision (the gate's) is served under its full sha
     names = lambda op: [v.name for v in kd.resolve(OPS[op], "float32", "*")]  # noqa: E731
     assert names("silu_mul") == ["reference"] and names("rmsnorm")[1:] == ["reference"]
-    assert [v.name for v in Dispatcher("registry", registry=registry, device="cpu").resolve(
+    assert [v.name for v in Dispatcher("registry", registry=registry, device=CPU).resolve(
         OPS["silu_mul"], "float32", "*")] == ["baseline", "reference"]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from kernelloop.kernels.compare import check_impl, check_outputs
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import extend_attention as ea
 from kernelloop.kernels.ops import extend_attention_kernel
 from kernelloop.kernels.spec import Case
@@ -45,7 +46,7 @@ def test_baseline_matches_reference(shape, dtype, seed):
 @pytest.mark.parametrize("dtype", SPEC.dtypes, ids=lambda d: str(d)[6:])
 def test_baseline_passes_its_whole_cpu_battery(dtype):
     start = time.perf_counter()
-    failed = [r for c in SPEC.battery("cpu")
+    failed = [r for c in SPEC.battery(CPU)
               if not (r := check_impl(SPEC, SPEC.forward, c.shape, dtype, 0, variant=c.variant)).ok]
     assert not failed, "\n".join(map(str, failed))
     print(f"extend_attention {dtype} CPU battery: {time.perf_counter() - start:.1f} s")
@@ -192,7 +193,7 @@ def test_inputs_are_ragged_seeded_and_scattered():
 
 
 def test_battery_and_engine_shapes():
-    cases = SPEC.battery("cpu")
+    cases = SPEC.battery(CPU)
     assert len(cases) <= 14 and Case(dict(SPEC.many_rows)) in cases
     assert SPEC.many_rows["tokens"] > 16
     assert SPEC.tf32 is False
@@ -247,7 +248,7 @@ def mutant(name: str | None, tmp_path: Path):
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_planted_wrong_kernel_is_caught(name, tmp_path):
     forward = mutant(name, tmp_path)
-    for case in SPEC.battery("cpu"):
+    for case in SPEC.battery(CPU):
         result = check_impl(SPEC, forward, case.shape, torch.float32, 0, variant=case.variant)
         if not result.ok:
             assert "outside atol" in result.reason, result.reason

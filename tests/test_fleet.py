@@ -48,7 +48,7 @@ def _profile(url: str, rmsnorm_s: float, linear_s: float, tokens: int, hidden: i
                     "seconds": rmsnorm_s},
                    {"op": "linear", "dtype": "float32", "shape": {"tokens": 3, "n": 96, "k": 64}, "calls": 10,
                     "seconds": linear_s}]}
-    return assemble(raw, device="cpu-interpreter", engine=url, model="tiny", kernels="registry", wall_seconds=2.0,
+    return assemble(raw, fingerprint="cpu-interpreter", engine=url, model="tiny", kernels="registry", wall_seconds=2.0,
                     requests=2, latencies={"ttft_ms_median": 10.0, "tpot_ms_median": 5.0}, rates=None, notes=["waited"])
 
 

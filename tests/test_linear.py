@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernelloop.kernels.compare import check_impl, check_outputs
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import linear as linear_mod
 from kernelloop.kernels.ops import linear_kernel
 from kernelloop.kernels.spec import DEFAULT_TOLERANCES, Tolerance, size_bucket
@@ -44,7 +45,7 @@ def test_baseline_matches_reference(shape, dtype, seed):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_the_whole_cpu_battery_passes(dtype):
-    cases = SPEC.battery("cpu")
+    cases = SPEC.battery(CPU)
     variants = {json.dumps(c.variant, sort_keys=True) for c in cases}
     assert variants >= {json.dumps(v, sort_keys=True) for v in SPEC.variants}
     start = time.perf_counter()
@@ -192,12 +193,12 @@ def test_dispatch_key_agrees_with_bucket_and_is_cheap():
 def test_the_dispatcher_takes_a_none_bias():
     from kernelloop.kernels.dispatch import Dispatcher
 
-    kd = Dispatcher(mode="baseline", device="cpu", ops={"linear": SPEC})
+    kd = Dispatcher(mode="baseline", device=CPU, ops={"linear": SPEC})
     x, w, b = SPEC.make_inputs({"tokens": 3, "n": 24, "k": 40}, torch.float32, 0, "cpu", {"bias": True})
     torch.testing.assert_close(kd.linear(x, w, None), SPEC.reference(x, w, None))
     torch.testing.assert_close(kd.linear(x, w, b), SPEC.reference(x, w, b))
     assert set(kd.variants_in_use()["linear"].values()) == {"baseline"}
-    ref = Dispatcher(mode="reference", device="cpu", ops={"linear": SPEC})
+    ref = Dispatcher(mode="reference", device=CPU, ops={"linear": SPEC})
     assert torch.equal(ref.linear(x, w, None), torch.nn.functional.linear(x, w))
 
 

@@ -41,10 +41,11 @@ PROBE = textwrap.dedent('''
             print(json.dumps({"skip": probe()}))
             raise SystemExit
         confine(Policy(scratch=scratch))  # as a sandboxed process: user namespace, Landlock, seccomp
+    from kernelloop.kernels.device import CPU
     from kernelloop.sandbox.inside import guards
 
     if sys.argv[2] == "cpu":
-        guards.isolate(scratch, int(sys.argv[3]), 60, "cpu")
+        guards.isolate(scratch, int(sys.argv[3]), 60, CPU)
     else:  # what a CUDA runner gets after its warm-up: private memory only
         guards.limit_memory(int(sys.argv[3]), address_space=False)
     out = {}

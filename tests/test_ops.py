@@ -9,6 +9,7 @@ import torch
 
 from kernelloop.kernels import OPS
 from kernelloop.kernels.compare import check_impl
+from kernelloop.kernels.device import CUDA
 from kernelloop.kernels.spec import TOKEN_BUCKETS, Cost, OpSpec, pick_shapes, size_bucket, size_class
 
 from bench.baseline_plan import gpu_order
@@ -165,7 +166,7 @@ def test_gpu_cases_fit_the_limit_and_cover_every_op_and_dtype():
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec,shape,dtype", GPU_CASES)
 def test_baseline_matches_reference_on_cuda_at_engine_shapes(spec, shape, dtype):
-    result = check_impl(spec, spec.forward, shape, dtype, seed=0, device="cuda")
+    result = check_impl(spec, spec.forward, shape, dtype, seed=0, device=CUDA)
     assert result.ok, str(result)
 
 

@@ -37,7 +37,7 @@ RAW = {"device": "cpu", "region_timing": "cpu-wall", "op_timing": "cpu-wall", "r
 
 
 def _profile(raw: dict[str, Any] = RAW) -> Profile:
-    return assemble(raw, device="cpu-interpreter", engine="in-process", model="tiny", kernels="baseline",
+    return assemble(raw, fingerprint="cpu-interpreter", engine="in-process", model="tiny", kernels="baseline",
                     wall_seconds=2.0, requests=3, latencies={"ttft_ms_median": 12.0, "tpot_ms_median": None},
                     rates=lambda dtype: Rates(1e9, 1e12), notes=["waited"], cancelled_requests=1)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kernelloop.history.queries import outcome
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import OPS, get_op
 from kernelloop.kernels.spec import dtype_name
 from kernelloop.sandbox import FAILURES, CheckOptions, Sandbox, Verdict
@@ -124,7 +125,7 @@ def test_the_cpu_battery_keeps_every_case_and_dtype(op: str) -> None:
     for shape, variant in check_cases(spec, options):
         assert (tuple(sorted(shape.items())), tuple(sorted(variant.items()))) in trials, (shape, variant)
     assert {t["dtype"] for t in plan["trials"]} == {dtype_name(d) for d in spec.dtypes}
-    for case in (c for c in spec.battery("cpu") if not c.variant):
+    for case in (c for c in spec.battery(CPU) if not c.variant):
         if case.shape in list(spec.test_shapes) + list(spec.held_back):
             assert {t["dtype"] for t in plan["trials"] if t["shape"] == case.shape and not t["variant"]} == \
                 {dtype_name(d) for d in spec.dtypes}

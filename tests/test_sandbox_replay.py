@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import get_op
 from kernelloop.sandbox.inside import trace
 from kernelloop.sandbox.inside.replay import Replay, ReplayError, kernels_from_module, kernels_from_source
@@ -45,7 +46,7 @@ def test_baseline_replays_bit_for_bit(op: str) -> None:
     out, record, rec = _record(spec.forward, args)
     assert record["problem"] is None and not rec.forbidden
     assert any(e["kind"] == "launch" for e in record["entries"])
-    replayed = Replay(kernels_from_module(spec.forward.__module__), "cpu").run(record, _fresh(args))
+    replayed = Replay(kernels_from_module(spec.forward.__module__), CPU).run(record, _fresh(args))
     outs = out if isinstance(out, tuple) else (out,)
     assert len(replayed) == len(outs) and all(same_bits(a, b) for a, b in zip(replayed, outs))
 
@@ -58,7 +59,7 @@ def test_a_candidate_replays_from_its_source_without_its_python() -> None:
     out, record, _ = _record(forward, args)
     kernels = kernels_from_source(source, constants)
     assert set(kernels) == {"_row_kernel"}  # forward itself is not there
-    replayed = Replay(kernels, "cpu").run(record, _fresh(args))
+    replayed = Replay(kernels, CPU).run(record, _fresh(args))
     assert same_bits(replayed[0], out)
 
 
@@ -73,7 +74,7 @@ def test_output_made_outside_the_kernels_is_not_reproduced() -> None:
         return y
 
     out, record, _ = _record(cheat, args)
-    replayed = Replay(kernels_from_module(spec.forward.__module__), "cpu").run(record, _fresh(args))
+    replayed = Replay(kernels_from_module(spec.forward.__module__), CPU).run(record, _fresh(args))
     assert not same_bits(replayed[0], out)
 
 
@@ -116,7 +117,7 @@ def test_a_forged_record_is_refused(mutate, message: str) -> None:
     _, record, _ = _record(spec.forward, args)
     mutate(record)
     with pytest.raises(ReplayError, match=message):
-        Replay(kernels_from_module(spec.forward.__module__), "cpu").run(record, _fresh(args))
+        Replay(kernels_from_module(spec.forward.__module__), CPU).run(record, _fresh(args))
 
 
 def test_rebuilding_keeps_only_kernels_and_refuses_code_in_defaults() -> None:
@@ -175,5 +176,5 @@ def test_an_empty_slice_passed_to_a_kernel_replays() -> None:
     assert record["problem"] is None
     launch = [e for e in record["entries"] if e["kind"] == "launch"][0]
     assert launch["args"][1]["byte_offset"] == 16  # 4 floats in, not (0 - pointer)
-    replayed = Replay(kernels_from_source(EMPTY_SLICE_SOURCE, constants), "cpu").run(record, _fresh(args))
+    replayed = Replay(kernels_from_source(EMPTY_SLICE_SOURCE, constants), CPU).run(record, _fresh(args))
     assert same_bits(replayed[0], out)

@@ -18,6 +18,7 @@ from kernelloop.agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config
 from kernelloop.kernels.candidate.loader import load_kernel
 from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.compare import check_impl
+from kernelloop.kernels.device import CPU, CUDA
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.registry.loader import load_forward
@@ -106,7 +107,7 @@ def test_space_is_narrowed_by_shapes_and_device():
 
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_best_source_seeds_its_neighbours(op):
-    ctx = make_ctx(op, device="cuda")
+    ctx = make_ctx(op, device=CUDA)
     module = module_for(op)
     space = SearchProposer().configs(ctx)
     # a config with several neighbours in the space
@@ -138,7 +139,7 @@ def verdict(correct: bool, speedup: float | None = None, failure: str | None = N
 
 
 def test_feedback_steers_to_the_fastest_correct_config():
-    ctx = make_ctx("silu_mul", device="cuda")
+    ctx = make_ctx("silu_mul", device=CUDA)
     module = module_for("silu_mul")
     sp = SearchProposer()
     first = sp.propose(ctx, [], 6)
@@ -153,7 +154,7 @@ def test_feedback_steers_to_the_fastest_correct_config():
 
 
 def test_failed_template_is_deprioritised():
-    ctx = make_ctx("rmsnorm", device="cuda")
+    ctx = make_ctx("rmsnorm", device=CUDA)
     sp = SearchProposer()
     first = sp.propose(ctx, [], 3)
     assert [config(p.source)["template"] for p in first] == ["row", "multirow", "chunked"]
@@ -206,7 +207,7 @@ def test_unknown_op_gives_nothing():
 
 
 def test_seed_reorders_reproducibly():
-    ctx = make_ctx("decode_attention", device="cuda")
+    ctx = make_ctx("decode_attention", device=CUDA)
     a = [p.label for p in SearchProposer(seed=1).propose(ctx, [], 10)]
     b = [p.label for p in SearchProposer(seed=1).propose(ctx, [], 10)]
     c = [p.label for p in SearchProposer(seed=0).propose(ctx, [], 10)]
@@ -279,7 +280,7 @@ def test_new_templates_pass_the_battery(name):
     counter = Counting(loaded.namespace[SECOND_KERNEL[op]])
     loaded.namespace[SECOND_KERNEL[op]] = counter
     splits = 0
-    for i, case in enumerate(spec.battery("cpu")):
+    for i, case in enumerate(spec.battery(CPU)):
         for dtype in (torch.float32,) if case.variant else (torch.float32, torch.bfloat16):  # as the sandbox rotates
             before = counter.launches
             r = check_impl(spec, forward, case.shape, dtype, seed=11 + i, variant=case.variant or None)

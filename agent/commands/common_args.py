@@ -16,8 +16,7 @@ from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.base import Proposer
 from kernelloop.common.errors import KernelloopError
-from kernelloop.kernels.device import DEVICES
-from kernelloop.sandbox.judge.budget import DEFAULT_TIMEOUT_S
+from kernelloop.kernels.device import DEVICES, Device
 from kernelloop.sandbox.options import CheckOptions
 
 CPU_RUNAWAY_TOKENS = 32  # the runaway check's default on the CPU interpreter (GPU: GateConfig's 256)
@@ -84,7 +83,7 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --cluster on cpu: judges to start (default: the cluster's CPU count)")
 
 
-def open_pool(args: argparse.Namespace, device: str, progress: Callable[[str], None] | None = None) -> Any:
+def open_pool(args: argparse.Namespace, device: Device, progress: Callable[[str], None] | None = None) -> Any:
     """The JudgePool (sandbox/cluster) that --cluster asks for, or None without it. Missing Ray or an
     unreachable cluster raises ClusterUnavailable (a KernelloopError: one line, exit 2)."""
     if not getattr(args, "cluster", None):
@@ -93,7 +92,7 @@ def open_pool(args: argparse.Namespace, device: str, progress: Callable[[str], N
         return None
     from kernelloop.sandbox.cluster import JudgePool
 
-    return JudgePool(args.cluster, device=device, workers=args.cluster_workers, progress=progress)
+    return JudgePool(args.cluster, device=device.kind, workers=args.cluster_workers, progress=progress)
 
 
 def positive_int(text: str) -> int:
@@ -115,7 +114,7 @@ def add_min_gain_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_timeout_argument(p: argparse.ArgumentParser, per: str) -> None:
-    defaults = ", ".join(f"{seconds:g} on {device}" for device, seconds in DEFAULT_TIMEOUT_S.items())
+    defaults = ", ".join(f"{d.judge_timeout_s:g} on {kind}" for kind, d in DEVICES.items())
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help=f"seconds the sandbox may spend on {per}, shared by correctness and timing (default: {defaults}; "
                         "the interpreter needs far more than a GPU)")
@@ -144,24 +143,24 @@ def check_timeout_argument(args: argparse.Namespace) -> None:
         raise KernelloopError("--timeout must be positive (seconds)")
 
 
-def tune_settings(args: argparse.Namespace, device: str) -> TuneSettings:
-    return TuneSettings(op=args.op, device=device, rounds=args.rounds, candidates=args.candidates,
+def tune_settings(args: argparse.Namespace, device: Device) -> TuneSettings:
+    return TuneSettings(op=args.op, device=device.kind, rounds=args.rounds, candidates=args.candidates,
                         min_gain=args.min_gain, sandbox_timeout_s=args.timeout,
                         batch_invariant=getattr(args, "batch_invariant", False))
 
 
-def gate_config(args: argparse.Namespace, device: str) -> GateConfig:
+def gate_config(args: argparse.Namespace, device: Device) -> GateConfig:
     tokens = args.gate_runaway_tokens
     if tokens is None:
-        tokens = GateConfig.runaway_tokens if device == "cuda" else CPU_RUNAWAY_TOKENS
+        tokens = CPU_RUNAWAY_TOKENS if device.interpreted else GateConfig.runaway_tokens
     if not 0 <= tokens <= 1024:
         raise KernelloopError("--gate-runaway-tokens must be 0 (off) or a number of tokens up to 1024")
     invariance = args.gate_invariance_tokens
     if invariance is None:
-        invariance = GateConfig.invariance_tokens if device == "cuda" else CPU_INVARIANCE_TOKENS
+        invariance = CPU_INVARIANCE_TOKENS if device.interpreted else GateConfig.invariance_tokens
     if not 0 <= invariance <= 64:
         raise KernelloopError("--gate-invariance-tokens must be 0 (off) or a number of tokens up to 64")
-    tasks = args.gate_tasks or (CUDA_TASKS if device == "cuda" else "off")
+    tasks = args.gate_tasks or ("off" if device.interpreted else CUDA_TASKS)
     if tasks != "off":
         from kernelloop.agent.task_suite import load_suite
 

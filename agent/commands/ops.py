@@ -69,7 +69,7 @@ def check(specs: list, args: argparse.Namespace) -> int:
     # On the interpreter (~1 ms per Triton program) only the small test shapes are affordable;
     # on a GPU, a spread of engine shapes too (inputs are generated on the host, so not all of them).
     def shapes_for(spec) -> tuple:
-        return spec.test_shapes + (tuple(pick_shapes(spec.engine_shapes, ENGINE_SHAPES)) if device == "cuda" else ())
+        return spec.test_shapes + (tuple(pick_shapes(spec.engine_shapes, ENGINE_SHAPES)) if not device.interpreted else ())
 
     summary, failures, results = [], [], []
     for spec in specs:

@@ -22,6 +22,7 @@ from kernelloop.agent.commands.common_args import (
 )
 from kernelloop.agent.render import print_json, print_table
 from kernelloop.common.errors import KernelloopError
+from kernelloop.kernels.device import Device
 
 DEFAULT_BUDGET = 0.05
 INTERPRETED_GATE_HELD_OUT = 2
@@ -60,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def parse_schemes(text: str | None, device: str) -> list[Any]:
+def parse_schemes(text: str | None, device: Device) -> list[Any]:
     """The schemes asked for (default int8,int4 and fp8 where supported); an unknown or unsupported one is a
     usage error."""
     from kernelloop.kernels.quant import SCHEMES, QuantizationError, scheme
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report["status"] in ("committed", "dry-run") else 1
 
 
-def quantize(args: argparse.Namespace, device: str, schemes: list[Any], history: Any, progress: Any) -> dict[str, Any]:
+def quantize(args: argparse.Namespace, device: Device, schemes: list[Any], history: Any, progress: Any) -> dict[str, Any]:
     """Measure, select, evaluate; then (unless --dry-run) judge, commit, gate and roll back on failure. Returns the
     run's record (what --json prints and the history's "quantize" event holds)."""
     from kernelloop.agent.local_engine import LocalEngine
@@ -165,7 +166,7 @@ def record(history: Any, report: dict[str, Any]) -> None:
                                   detail={k: v for k, v in report.items() if k != "gate"})
 
 
-def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], report: dict[str, Any],
+def commit_and_gate(args: argparse.Namespace, device: Device, schemes: list[Any], report: dict[str, Any],
                     plan: dict[str, str], history: Any, progress: Any, held_out: Any = None) -> None:
     """Judge the used schemes' baselines, commit the selection, gate it (its KL on the gate prompts and on the
     `held_out` measure.Calibration); roll back when the gate fails. Fills report's status, reason, commit and gate."""
@@ -189,11 +190,11 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
                                                         f"{j.verdict.reason}")
         return
     if held_out is not None:
-        limit = getattr(args, "gate_held_out", None) or (INTERPRETED_GATE_HELD_OUT if device == "cpu" else None)
+        limit = getattr(args, "gate_held_out", None) or (INTERPRETED_GATE_HELD_OUT if device.interpreted else None)
         held_out = held_out.first(limit)
         report["gate_held_out_prompts"] = len(held_out.pairs)
     registry = Registry(args.registry)
-    ctx = LoopContext(history=history, registry=registry, proposers={}, device=device, model=args.model,
+    ctx = LoopContext(history=history, registry=registry, proposers={}, device=device.kind, model=args.model,
                       gate=light_gate(report["budget"], device), progress=progress)
     try:
         before = gate_summary(ctx, held_out)
@@ -202,7 +203,7 @@ def commit_and_gate(args: argparse.Namespace, device: str, schemes: list[Any], r
         record(history, report)
         progress(f"committed {len(plan)} scoped entries ({sha[:10]}); gating in budget mode")
         try:
-            result, speed = gate_commit(ctx, before, sha, interpreted=device == "cpu", held_out=held_out)
+            result, speed = gate_commit(ctx, before, sha, interpreted=device.interpreted, held_out=held_out)
         except BaseException as exc:  # an unfinished gate never leaves its commit serving
             why = f"the gate did not finish: {type(exc).__name__}: {exc}".splitlines()[0][:300]
             registry.rollback(sha)

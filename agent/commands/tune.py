@@ -53,7 +53,7 @@ def engine_target(args: argparse.Namespace) -> tuple[Any, str, str | None, str |
     import torch
 
     from kernelloop.agent.remote import RemoteEngine
-    from kernelloop.kernels.device import device_fingerprint, resolve_device
+    from kernelloop.kernels.device import CPU, CUDA, resolve_device
 
     device = resolve_device(args.device)
     if not args.engine:
@@ -65,8 +65,8 @@ def engine_target(args: argparse.Namespace) -> tuple[Any, str, str | None, str |
     else:
         remote = RemoteEngine(args.engine[0])
     served = remote.health.get("device", "")
-    device = "cpu" if served == device_fingerprint("cpu") else "cuda"
-    if device == "cuda" and (not torch.cuda.is_available() or served != device_fingerprint("cuda")):
+    device = CPU if served == CPU.fingerprint else CUDA
+    if not device.interpreted and (not torch.cuda.is_available() or served != device.fingerprint):
         raise KernelloopError(f"{', '.join(args.engine)} runs on {served!r}; candidates must be judged on the same "
                               "device here")
     registry = args.registry or remote.health.get("registry")
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         settings = tune_settings(args, device)
         with History(args.history) as history, ProgressView() as progress:  # bars on a terminal, else lines
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
-                              device=device, model=model, engine=remote,
+                              device=device.kind, model=model, engine=remote,
                               gate=gate_config(args, device), progress=progress,
                               pool=open_pool(args, device, progress))
             try:

@@ -21,6 +21,7 @@ from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.quantize.measure import compare
 from kernelloop.common.errors import RegistryError
 from kernelloop.common.progress import Progress
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.quant import Scheme
 from kernelloop.kernels.registry import ANY_BUCKET, Entry, Provenance, Registry
 from kernelloop.kernels.registry.entry import sha256_text, utc_now
@@ -45,11 +46,11 @@ def workload_prompts(engine: HasTokenizer, count: int, seed: int, avoid: list[li
     return out
 
 
-def light_gate(kl_budget: float, device: str) -> GateConfig:
+def light_gate(kl_budget: float, device: Device) -> GateConfig:
     """The budget gate's settings. CPU (every kernel interpreted, the quantized ones the slowest): two gate prompts
     of 4 tokens, one speed round (reported, not judged), one greedy runaway generation of 8 tokens, invariance
     over 2 tokens in a batch of 2, no task audit. CUDA: the tune loop's gate with the agent-v1 task audit."""
-    if device == "cuda":
+    if not device.interpreted:
         return GateConfig(kl_budget=kl_budget, tasks="agent-v1")
     return GateConfig(kl_budget=kl_budget, prompts=GATE_PROMPTS[:2], max_tokens=4, speed_rounds=1,
                       runaway_tokens=8, runaway_prompts=1, runaway_sampling=(None,), invariance_tokens=2,
@@ -65,7 +66,7 @@ class Judged:
     verdict: Any  # sandbox/verdict.py Verdict
 
 
-def judge_baselines(schemes: list[Scheme], device: str, registry: str | None,
+def judge_baselines(schemes: list[Scheme], device: Device, registry: str | None,
                     progress: Progress = lambda message: None) -> dict[str, Judged]:
     """Each scheme's baseline kernel (the text `agent ops --template` starts from) judged once in the sandbox on
     `device`, correctness only, the path `agent check` takes."""
@@ -84,13 +85,13 @@ def judge_baselines(schemes: list[Scheme], device: str, registry: str | None,
     return out
 
 
-def scoped_entries(plan: dict[str, str], judged: dict[str, Judged], device: str, dtype: str) -> list[tuple[Entry, str]]:
+def scoped_entries(plan: dict[str, str], judged: dict[str, Judged], fingerprint: str, dtype: str) -> list[tuple[Entry, str]]:
     """The selection as registry entries: one per scope, its scheme's op and baseline kernel, every bucket,
     speedup 1.0 (bytes are what they buy; the gate measures the rest)."""
     out = []
     for scope, name in sorted(plan.items()):
         j = judged[name]
-        entry = Entry(op=j.scheme.op, device=device, dtype=dtype, bucket=ANY_BUCKET, sha256=sha256_text(j.source),
+        entry = Entry(op=j.scheme.op, device=fingerprint, dtype=dtype, bucket=ANY_BUCKET, sha256=sha256_text(j.source),
                       speedup=1.0, speedup_ci=(1.0, 1.0), provenance=Provenance(PROPOSER),
                       verified_at=utc_now(),
                       batch_invariant=j.verdict.batch_invariant, scope=scope)
@@ -98,12 +99,12 @@ def scoped_entries(plan: dict[str, str], judged: dict[str, Judged], device: str,
     return out
 
 
-def commit_selection(registry: Registry, plan: dict[str, str], judged: dict[str, Judged], device: str, dtype: str,
+def commit_selection(registry: Registry, plan: dict[str, str], judged: dict[str, Judged], fingerprint: str, dtype: str,
                      budget: float) -> str:
-    """One registry commit replacing (device, dtype)'s scoped entries with the selection; its sha."""
+    """One registry commit replacing (fingerprint, dtype)'s scoped entries with the selection; its sha."""
     counts = {name: sum(1 for v in plan.values() if v == name) for name in sorted(set(plan.values()))}
     what = ", ".join(f"{n} {name}" for name, n in counts.items())
-    return registry.replace_scoped(device, dtype, scoped_entries(plan, judged, device, dtype),
+    return registry.replace_scoped(fingerprint, dtype, scoped_entries(plan, judged, fingerprint, dtype),
                                    f"quantize: {len(plan)} projections ({what}) under a KL budget of {budget:g} nats")
 
 
@@ -142,9 +143,9 @@ def gate_commit(ctx: Any, before: dict[str, Any], commit_sha: str, interpreted: 
     return judge(before, after, speed, ctx.gate, interpreted=interpreted), speed
 
 
-def record_rollback(history: Any, sha: str, device: str, dtype: str, why: str, ok: bool = True) -> None:
+def record_rollback(history: Any, sha: str, fingerprint: str, dtype: str, why: str, ok: bool = True) -> None:
     """The history's "rollback" event for a quantize commit (after its "quantize" and any "gate" event)."""
-    history.record_registry_event("rollback", None, commit_sha=sha, device=device, dtype=dtype, ok=ok,
+    history.record_registry_event("rollback", None, commit_sha=sha, device=fingerprint, dtype=dtype, ok=ok,
                                   detail={"why": why, "quantize": True})
 
 

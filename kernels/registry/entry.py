@@ -107,13 +107,13 @@ def _optional_bool(value: Any, name: str) -> bool | None:
     raise TypeError(f"{name} must be true, false or null, got {value!r}")
 
 
-def select_entry(entries: list[Entry], op: str, device: str, dtype: str, bucket: str,
+def select_entry(entries: list[Entry], op: str, fingerprint: str, dtype: str, bucket: str,
                  scope: str = "") -> Entry | None:
     """The entry serving (op, device, dtype, bucket) at every call site (scope ""): an exact bucket first,
     then ANY_BUCKET. `scope` selects among the entries scoped to that one projection instead."""
     wildcard = None
     for e in entries:
-        if e.op == op and e.device == device and e.dtype == dtype and e.scope == scope:
+        if e.op == op and e.device == fingerprint and e.dtype == dtype and e.scope == scope:
             if e.bucket == bucket:
                 return e
             if e.bucket == ANY_BUCKET:
@@ -121,6 +121,6 @@ def select_entry(entries: list[Entry], op: str, device: str, dtype: str, bucket:
     return wildcard
 
 
-def scoped_entries(entries: list[Entry], device: str, dtype: str) -> dict[str, Entry]:
+def scoped_entries(entries: list[Entry], fingerprint: str, dtype: str) -> dict[str, Entry]:
     """scope -> the entry scoped to it for (device, dtype); at most one per scope (agent quantize writes one)."""
-    return {e.scope: e for e in sorted(entries, key=lambda e: e.key) if e.scope and e.device == device and e.dtype == dtype}
+    return {e.scope: e for e in sorted(entries, key=lambda e: e.key) if e.scope and e.device == fingerprint and e.dtype == dtype}

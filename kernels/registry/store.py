@@ -106,9 +106,9 @@ class Registry:
             raise RegistryError(f"{what} in {self.path} matches {entry_id!r}")
         return matches[0]
 
-    def select(self, op: str, device: str, dtype: str, bucket: str) -> Entry | None:
+    def select(self, op: str, fingerprint: str, dtype: str, bucket: str) -> Entry | None:
         """The entry serving this (op, device fingerprint, dtype, bucket); None means baseline."""
-        return select_entry(self.entries(), op, device, dtype, bucket)
+        return select_entry(self.entries(), op, fingerprint, dtype, bucket)
 
     def source(self, entry: Entry, revision: str | None = None) -> str:
         """The entry's kernel source as commit `revision` (default HEAD) holds it."""
@@ -199,14 +199,14 @@ class Registry:
             sha = self._commit(repo, [entry.source_path, MANIFEST_NAME], message)
         return Added(entry, sha)
 
-    def replace_scoped(self, device: str, dtype: str, entries: list[tuple[Entry, str]], message: str) -> str:
-        """Make `entries` (each with its source text; every one scoped) the scoped entries of (device,
+    def replace_scoped(self, fingerprint: str, dtype: str, entries: list[tuple[Entry, str]], message: str) -> str:
+        """Make `entries` (each with its source text; every one scoped) the scoped entries of (device fingerprint,
         dtype), dropping the scoped ones there before; one commit, whose sha is returned. An empty list
         removes the selection. Unscoped entries and other devices' are kept."""
-        if any(not e.scope or e.device != device or e.dtype != dtype for e, _ in entries):
-            raise RegistryError(f"replace_scoped: every entry must be scoped and for {device} {dtype}")
+        if any(not e.scope or e.device != fingerprint or e.dtype != dtype for e, _ in entries):
+            raise RegistryError(f"replace_scoped: every entry must be scoped and for {fingerprint} {dtype}")
         with self._writing() as repo:
-            kept = [e for e in self.entries() if not (e.scope and e.device == device and e.dtype == dtype)]
+            kept = [e for e in self.entries() if not (e.scope and e.device == fingerprint and e.dtype == dtype)]
             paths = [MANIFEST_NAME]
             for entry, source in entries:
                 if sha256_text(source) != entry.sha256:

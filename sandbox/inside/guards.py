@@ -20,12 +20,13 @@ from typing import Any
 
 from kernelloop.kernels.candidate.guarded_builtins import VIOLATIONS  # noqa: F401  (VIOLATIONS: the worker reads guards.VIOLATIONS)
 from kernelloop.kernels.candidate.guarded_builtins import violation as _violation
+from kernelloop.kernels.device import Device
 
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
             "LD_LIBRARY_PATH", "CUDA_HOME", "TRITON_PTXAS_PATH")
 
 
-def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dict[str, str]:
+def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: Device) -> dict[str, str]:
     """Limits, environment and working directory (after sandbox.inside.confine); returns facts for the verdict.
     On CUDA the memory limit comes later (`limit_memory`, once the CUDA context exists)."""
     facts = {}
@@ -36,7 +37,7 @@ def isolate(scratch: Path, memory_mb: int, cpu_seconds: int, device: str) -> dic
         resource.RLIMIT_FSIZE: 256 << 20,
         resource.RLIMIT_CORE: 0,
     })
-    memory = limit_memory(memory_mb) if device == "cpu" else (
+    memory = limit_memory(memory_mb) if device.interpreted else (
         f"private memory +{memory_mb} MiB from the CUDA warm-up on; RSS {memory_mb} MiB (judge)")
     facts["limits"] = f"cpu {cpu_seconds}s, 256 files, 256 MiB files, processes/threads +64, {memory}"
     keep = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}

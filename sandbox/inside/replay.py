@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
+from kernelloop.kernels.device import Device
 from kernelloop.sandbox.inside import poison
 from kernelloop.sandbox.inside.program_order import program_order
 from kernelloop.sandbox.inside.replay_memory import Buffers
@@ -167,7 +168,7 @@ def kernels_from_module(module_name: str) -> dict[str, Any]:
 
 
 class Replay:
-    """Redoes one record on given inputs. `device`: where buffers live ("cpu" or "cuda").
+    """Redoes one record on given inputs. `device`: where buffers live.
 
     Memory (sandbox/inside/replay_memory.py): every buffer made during the call sits between guard zones,
     poisoned with a pattern drawn per allocation; interpreted launches have every load and store
@@ -175,8 +176,8 @@ class Replay:
     `check_guards()` after `run` refuses a store into a guard zone. Both raise
     kernels.interpreter_bounds.OutOfBounds."""
 
-    def __init__(self, kernels: dict[str, Any], device: str, check_addresses: bool = True) -> None:
-        self.kernels, self.device = kernels, torch.device(device)
+    def __init__(self, kernels: dict[str, Any], device: Device, check_addresses: bool = True) -> None:
+        self.kernels, self.device = kernels, device.torch
         self.check_addresses = check_addresses
         self.buffers = Buffers([], self.device)
         self.poison_seed = poison.fresh_seed()  # every replay in this process poisons alike

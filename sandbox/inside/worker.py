@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from kernelloop.kernels import interpreter_autotune
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.ops import get_op  # (the op specs, imported in the fork server before any fork)
 from kernelloop.kernels.spec import parse_dtype
@@ -94,7 +95,7 @@ def _setup(job: Job) -> dict[str, str]:
         facts.update(confine(Policy(scratch=scratch, allow_exec=tuple(job.get("allow_exec", ())))))
     else:
         facts["confinement"] = "none (--unconfined)"
-    facts.update(guards.isolate(scratch, job["memory_mb"], job["cpu_seconds"], job["device"]))
+    facts.update(guards.isolate(scratch, job["memory_mb"], job["cpu_seconds"], Device.of(job["device"])))
     tempfile.tempdir = str(scratch)
     torch.set_num_threads(1)
     return facts
@@ -103,22 +104,22 @@ def _setup(job: Job) -> dict[str, str]:
 def _no_more_threads(job: Job) -> None:
     """On CPU nothing legitimate starts a thread or a process after warm-up: the kernel refuses them.
     (On CUDA Triton still compiles, i.e. spawns ptxas and the C compiler, on a kernel's first launch.)"""
-    if job["device"] == "cpu" and job.get("confine", True):
+    if Device.of(job["device"]).interpreted and job.get("confine", True):
         from kernelloop.sandbox.inside.confine import forbid_new_threads
 
         forbid_new_threads()
 
 
-def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
-    if device == "cpu":
+def _to_device(t: torch.Tensor, device: Device) -> torch.Tensor:
+    if device.kind == "cpu":
         return t
     raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-    moved = raw.to(device)
-    return torch.empty(0, dtype=t.dtype, device=device).set_(moved.untyped_storage(), t.storage_offset(),
+    moved = raw.to(device.torch)
+    return torch.empty(0, dtype=t.dtype, device=device.torch).set_(moved.untyped_storage(), t.storage_offset(),
                                                               t.shape, t.stride())
 
 
-def _decode_args(header: dict[str, Any], tensors: list[torch.Tensor], device: str) -> tuple:
+def _decode_args(header: dict[str, Any], tensors: list[torch.Tensor], device: Device) -> tuple:
     args = []
     for a in header["args"]:
         if isinstance(a, dict) and isinstance(a.get("tensor"), int) and 0 <= a["tensor"] < len(tensors):
@@ -134,7 +135,7 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], device: str) -> tuple[Any, Facts, Record]:
+def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], device: Device) -> tuple[Any, Facts, Record]:
     recorder = trace.Recorder()
     recorder.begin(args)
     facts = Facts(error=None, memory=False, launches=0, torch_ops=[], violations=[], count=0, types=[], devices=[])
@@ -143,8 +144,7 @@ def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], devic
     try:
         with recorder:
             out = forward(*args)
-        if device == "cuda":
-            torch.cuda.synchronize()
+        device.synchronize()
     except BaseException as exc:  # SystemExit / KeyboardInterrupt from a candidate is its failure too
         facts["error"] = one_line(exc)
         facts["memory"] = guards.out_of_memory(exc)  # refused by the memory limit, whatever the message says
@@ -165,13 +165,13 @@ def _call(forward: Callable[..., Any], args: tuple, state: dict[str, Any], devic
 
 def serve_calls(chan: wire.Channel, job: Job) -> None:
     """The runner: load the module (or the op's trusted baseline), then answer "call" messages."""
-    device, spec = job["device"], get_op(job["op"])
+    device, spec = Device.of(job["device"]), get_op(job["op"])
     state: dict[str, Any] = {"recorder": None}
     trace.install_launch_hook(state)
     # Warm the interpreter and the dispatch path with the op's own kernel before any candidate code.
-    _call(spec.forward, spec.make_inputs(spec.test_shapes[0], parse_dtype("float32"), 0, device), state, device)
+    _call(spec.forward, spec.make_inputs(spec.test_shapes[0], parse_dtype("float32"), 0, device.torch), state, device)
     _no_more_threads(job)
-    if device == "cuda":  # now that the CUDA context holds its own memory (the limit is set before any candidate)
+    if not device.interpreted:  # now that the CUDA context holds its own memory (the limit is set before any candidate)
         guards.limit_memory(job["memory_mb"], address_space=False)
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     if job.get("source") is None:
@@ -187,7 +187,7 @@ def serve_calls(chan: wire.Channel, job: Job) -> None:
         _answer_calls(chan, forward, spec, state, device)
 
 
-def _answer_calls(chan: wire.Channel, forward: Callable[..., Any], spec: Any, state: dict[str, Any], device: str) -> None:
+def _answer_calls(chan: wire.Channel, forward: Callable[..., Any], spec: Any, state: dict[str, Any], device: Device) -> None:
     while True:
         header, tensors = chan.receive()
         header = parse(header, "call", "capture")
@@ -228,7 +228,7 @@ class _CudaTimer:
 
 def serve_replays(chan: wire.Channel, job: Job) -> None:
     """The replayer: rebuild the kernels (from the judge's copy of the source), then stage and go."""
-    device = job["device"]
+    device = Device.of(job["device"])
     _no_more_threads(job)
     guards.install_audit_hook(Path(job["scratch"]), frozenset(job.get("allow_exec", ())))
     try:
@@ -238,7 +238,7 @@ def serve_replays(chan: wire.Channel, job: Job) -> None:
         chan.send(Load(type="load", ok=False, error=str(exc), constants={}, violations=guards.VIOLATIONS[:5]))
         return
     chan.send(Load(type="load", ok=True, error=None, constants={}, violations=guards.VIOLATIONS[:5]))
-    replay, timer = Replay(table, device), (_CudaTimer() if device == "cuda" else None)
+    replay, timer = Replay(table, device), (_CudaTimer() if device.timer == "cuda-events" else None)
     record, inputs, outputs = None, [], []
     while True:
         header, tensors = chan.receive()

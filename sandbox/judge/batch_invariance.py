@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 
 from kernelloop.kernels import interpreter_autotune
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.spec import OpSpec, dtype_name
 from kernelloop.sandbox.judge.decisions import same_bits
 from kernelloop.sandbox.judge.plan import trial_inputs
@@ -38,17 +39,17 @@ class Invariance(NamedTuple):
     reason: str
 
 
-def draw_batches(seed: int, device: str) -> tuple[tuple[int, int], ...]:
+def draw_batches(seed: int, device: Device) -> tuple[tuple[int, int], ...]:
     """(batch size, where the probe row sits) for each stratum of the device, drawn from `seed`."""
     rng = random.Random(seed ^ 0xBA7C4)
-    sizes = [rng.randint(lo, hi) for lo, hi in (CUDA_STRATA if device.startswith("cuda") else CPU_STRATA)]
+    sizes = [rng.randint(lo, hi) for lo, hi in (CPU_STRATA if device.interpreted else CUDA_STRATA)]
     return tuple((size, rng.randrange(size)) for size in sizes)
 
 
-def probe_dtype(spec: OpSpec, device: str) -> str:
+def probe_dtype(spec: OpSpec, device: Device) -> str:
     """float32 on the interpreter; bfloat16 (the engine's) on a GPU where the op supports it."""
     names = [dtype_name(d) for d in spec.dtypes]
-    if device.startswith("cuda") and "bfloat16" in names:
+    if not device.interpreted and "bfloat16" in names:
         return "bfloat16"
     return "float32" if "float32" in names else names[0]
 
@@ -77,7 +78,7 @@ def _first_difference(alone: torch.Tensor, inside: torch.Tensor) -> str:
     return f"element {i}: {alone[i].item()!r} alone, {inside[i].item()!r} in the batch"
 
 
-def probe(spec: OpSpec, impl: Callable[..., Any], device: str, seed: int,
+def probe(spec: OpSpec, impl: Callable[..., Any], device: Device, seed: int,
           batches: Sequence[tuple[int, int]] | None = None) -> Invariance:
     """Compute one seeded probe row alone and inside each batch of `batches` ((size, position); None:
     `draw_batches(seed, device)`), with seeded filler rows, and compare its outputs' bits. `impl(*args)`

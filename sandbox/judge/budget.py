@@ -12,20 +12,14 @@ from dataclasses import dataclass
 
 from kernelloop.sandbox.options import CheckOptions
 
-# Seconds per candidate when CheckOptions.timeout_s is None. CPU: on a busy 2-core box every op's
-# baseline judged as a candidate, by `agent check` or the tune loop, takes under 40% of it. CUDA:
-# compiled kernels are ~1000x faster than the interpreter; what remains is the judge's own CPU work
-# (inputs and references at engine shapes) and Triton's compiles, which bench/sandbox_gpu.py fits in
-# 60 s for one dtype.
-DEFAULT_TIMEOUT_S = {"cpu": 180.0, "cuda": 120.0}
 CORRECTNESS_SHARE = 0.6  # of the budget, when the candidate is timed too
 
 
 def timeout_s(options: CheckOptions) -> float:
-    """The budget of one candidate: the caller's, else the device's default."""
+    """The budget of one candidate: the caller's, else the device's default (Device.judge_timeout_s)."""
     if options.timeout_s is not None:
         return float(options.timeout_s)
-    return DEFAULT_TIMEOUT_S["cuda" if options.device.startswith("cuda") else "cpu"]
+    return options.device.judge_timeout_s
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 import torch
 
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.display import safe_text
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.inside.guards import memory_refused
@@ -139,7 +140,7 @@ class Child:
         self.memory_bytes = (memory_mb << 20) + _BASE_RSS
         self.deadline, self.busy_s = deadline, 0.0
         self.role: str = job.get("role", "")
-        self.device: str = job.get("device", "cpu")
+        self.device = Device.of(job.get("device", "cpu"))
         job = Job(**{**job, "scratch": str(scratch)})
         try:
             if server is not None:
@@ -218,7 +219,7 @@ class Child:
         self._sent_at, self._n_inputs = time.monotonic(), len(inputs)
         self.send(Stage(type="stage", record=record), inputs)
         self.expect("staged")
-        if self.device != "cuda":
+        if self.device.interpreted:
             self._cpu_at = thread_cpu_ns(session_members(self.pid) or [self.pid])
         self._go_at = time.perf_counter()
         self.send(Go(type="go") if order is None else Go(type="go", order=order))
@@ -239,7 +240,7 @@ class Child:
             raise wire.ProtocolError("replay outputs with the wrong number of tensors")
         self.busy_s += time.monotonic() - self._sent_at
         elapsed = done["elapsed_s"]
-        seconds = float(elapsed) if self.device == "cuda" and elapsed is not None else self._cpu_seconds(wall)
+        seconds = float(elapsed) if not self.device.interpreted and elapsed is not None else self._cpu_seconds(wall)
         return got[:n], got[n:], seconds, done
 
     def _cpu_seconds(self, wall: float) -> float:

@@ -20,6 +20,7 @@ import json
 from typing import Any, Callable
 
 from kernelloop.common.errors import KernelloopError
+from kernelloop.kernels.device import CUDA, Device
 from kernelloop.kernels.spec import OpSpec, parse_dtype
 from kernelloop.kernels.target_compile import TARGETS, CompileResult, parse_targets
 from kernelloop.sandbox import wire
@@ -34,7 +35,7 @@ MAX_LAUNCHES_PER_SHAPE = 16
 _RESULT_INTS = ("registers", "spill_bytes", "stack_bytes", "shared_bytes")
 
 
-def compile_setup(targets: tuple[str, ...] | str, device: str, fork_server: bool,
+def compile_setup(targets: tuple[str, ...] | str, device: Device, fork_server: bool,
                   server: ForkServer | None) -> tuple[tuple[str, ...], ForkServer | None, tuple[str, ...]]:
     """(targets, fork server for compile processes, executables they may start); nothing without targets.
     Compiling needs compiled Triton: on CPU a second fork server in that mode (started on first use), on
@@ -45,7 +46,7 @@ def compile_setup(targets: tuple[str, ...] | str, device: str, fork_server: bool
     programs = {ptxas(TARGETS[name]) for name in names}
     if None in programs:
         raise KernelloopError("--compile-for needs Triton's bundled ptxas, which this triton build lacks")
-    compiler = (server if device == "cuda" else ForkServer("cuda")) if fork_server else None
+    compiler = (ForkServer(CUDA) if device.interpreted else server) if fork_server else None
     if compiler is not None and compiler is not server:
         compiler._ensure()  # its warm-up (imports) overlaps the first candidate's battery
     return names, compiler, tuple(sorted(programs))

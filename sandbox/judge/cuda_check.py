@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from kernelloop import IMPORT_ROOT
+from kernelloop.kernels.device import CUDA
 
 CHILD_TIMEOUT_S = 120  # CUDA context creation on a cold H200: a few seconds
 LIMITS = "limits"  # sandbox/inside/guards.py's isolate(), after confine(): not a layer of confine() itself
@@ -69,7 +70,7 @@ def run_confined(layers: tuple[str, ...], limits: bool, work=_exercise_cuda) -> 
         os.environ.update(HOME=str(scratch), TMPDIR=str(scratch))  # as sandbox/inside/worker.py's setup
         tempfile.tempdir = str(scratch)
         if limits:
-            isolate(scratch, memory_mb=4096, cpu_seconds=CHILD_TIMEOUT_S, device="cuda")
+            isolate(scratch, memory_mb=4096, cpu_seconds=CHILD_TIMEOUT_S, device=CUDA)
         work()
 
     return confine.run_confined(setup_then_work, layers, timeout_s=CHILD_TIMEOUT_S)

@@ -17,6 +17,7 @@ from kernelloop.common.stats import median_interval
 from kernelloop.kernels import interpreter_bounds as bounds
 from kernelloop.kernels.candidate.runtime_purity import IMPURE
 from kernelloop.kernels.compare import Comparison, check_outputs
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.roofline import Rates
 from kernelloop.kernels.spec import OpSpec
 from kernelloop.sandbox.judge.aliasing import overlap
@@ -86,7 +87,7 @@ def runtime_failure(v: Verdict, facts: dict[str, Any], where: str) -> bool:
 
 def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], record: dict[str, Any],
                outputs: list[torch.Tensor], inputs_after: list[torch.Tensor], inputs: list[torch.Tensor],
-               expected: Any, device: str, shape: dict[str, int], compare: bool = True) -> Comparison | None:
+               expected: Any, device: Device, shape: dict[str, int], compare: bool = True) -> Comparison | None:
     """One checked call of the candidate at `shape` (the op's tolerance there). Returns the comparison
     when the outputs were compared. `compare` False (a race-only trial, sandbox/judge/plan.py): every check
     but the values'."""
@@ -103,7 +104,7 @@ def judge_call(v: Verdict, spec: OpSpec, where: str, facts: dict[str, Any], reco
                f"({', '.join(map(str, types[:4]))}), expected {len(want)} plain {device} tensors")
         return None
     devices = facts.get("devices") if isinstance(facts.get("devices"), list) else []
-    if any(d != torch.device(device).type for d in devices):
+    if any(d != device.kind for d in devices):
         v.fail("bad-output", f"{where}: outputs must be {device} tensors")
         return None
     for i, (o, e) in enumerate(zip(outputs, want)):
@@ -168,7 +169,7 @@ def _first_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> str:
 
 
 def judge_replays(v: Verdict, where: str, candidate: list[torch.Tensor], replays: Replays,
-                  inputs: list[torch.Tensor], replay_inputs: list[torch.Tensor], device: str) -> None:
+                  inputs: list[torch.Tensor], replay_inputs: list[torch.Tensor], device: Device) -> None:
     """The replays of the recorded launches (next_order chose them) must give the candidate's outputs,
     bit for bit, in every order their programs ran in."""
     wrong = [(order, got) for order, got in replays if not _same_outputs(got, candidate)]
@@ -178,7 +179,7 @@ def judge_replays(v: Verdict, where: str, candidate: list[torch.Tensor], replays
     grid = [got for order, got in replays if order is None]
     if grid and _same_outputs(grid[0], candidate):
         order, got = wrong[0]
-        how = ("repeated beside a concurrent load" if device == "cuda"
+        how = ("repeated beside a concurrent load" if not device.interpreted
                else f"with its programs run in a shuffled order (seed {order})")
         v.fail("race", f"{where}: its result depends on the order its programs run: {how}, "
                f"{_first_difference(candidate, got)} (a program reads another's output, or atomics accumulate "

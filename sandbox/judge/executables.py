@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 
+from kernelloop.kernels.device import Device
+
 
 def _real(path: str | None) -> str | None:
     return os.path.realpath(path) if path and os.path.isfile(path) and os.access(path, os.X_OK) else None
@@ -36,6 +38,16 @@ def _gcc_parts(gcc: str) -> list[str | None]:
             continue
         parts.append(found if os.path.isabs(found) else shutil.which(found))
     return parts
+
+
+def allowed_executables(device: Device) -> tuple[str, ...]:
+    """What a sandboxed process on `device` may start: nothing where Triton interprets."""
+    if device.interpreted:
+        return ()
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return cuda_executables(major * 10 + minor)
 
 
 def cuda_executables(arch: int) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kernelloop import IMPORT_ROOT
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.ops import OP_PACKAGES_ENV, extra_packages, op_import_roots
 from kernelloop.sandbox.inside.guards import ENV_KEEP
 from kernelloop.sandbox.lifetime import die_with_parent, ignore_interrupts, spawn_python
@@ -40,7 +41,7 @@ _CUDA_ENTRY_POINTS = ("is_available", "init", "device_count", "_lazy_init", "cur
                       "get_device_capability", "synchronize")
 
 
-def clean_env(device: str) -> dict[str, str]:
+def clean_env(device: Device) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
     # kernelloop, and the op packages outside it (kernels/ops: $KERNELLOOP_OP_PACKAGES), so the same ops load.
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(IMPORT_ROOT), *op_import_roots()]))
@@ -48,7 +49,7 @@ def clean_env(device: str) -> dict[str, str]:
         env[OP_PACKAGES_ENV] = ",".join(extra_packages())
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # Decided here so that `import kernels` in the server never asks torch whether CUDA exists.
-    env["TRITON_INTERPRET"] = "0" if device == "cuda" else "1"
+    env["TRITON_INTERPRET"] = "1" if device.interpreted else "0"
     # BLAS pools start when numpy/torch load, before confinement refuses new threads; a pool that could
     # not start spins forever in the interpreter's large tl.dot tiles. Candidates compute on one thread.
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -80,7 +81,7 @@ def _recv_msg(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
 class ForkServer:
     """The judge's handle on a fork server process (started lazily, restarted if it died)."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: Device) -> None:
         self.device = device
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
@@ -167,7 +168,7 @@ def start_fresh(job: Job, chan_fd: int, log_fd: int) -> tuple[int, Any]:
     """The same child in a fresh interpreter (no fork server): the slow path and the benchmark's reference."""
     proc = spawn_python(
         f"from kernelloop.sandbox.inside.worker import run_fresh; run_fresh({chan_fd}, {log_fd}, {os.getpid()})",
-        env=clean_env(job["device"]), pass_fds=[chan_fd, log_fd], stdin=subprocess.PIPE, cwd="/")
+        env=clean_env(Device.of(job["device"])), pass_fds=[chan_fd, log_fd], stdin=subprocess.PIPE, cwd="/")
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
 

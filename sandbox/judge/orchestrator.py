@@ -36,7 +36,6 @@ from kernelloop.kernels.candidate.runtime_purity import IMPURE
 from kernelloop.kernels.candidate.source_text import read_source
 from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.compare import Comparison
-from kernelloop.kernels.device import device_fingerprint
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry import Registry
 from kernelloop.kernels.spec import OpSpec
@@ -49,7 +48,7 @@ from kernelloop.sandbox.judge.budget import Budget, timeout_s
 from kernelloop.sandbox.judge.candidate_run import CandidateRun
 from kernelloop.sandbox.judge.children import Child, MemoryExceeded, Refused
 from kernelloop.sandbox.judge.compile_check import CompileCheck, compile_setup
-from kernelloop.sandbox.judge.executables import cuda_executables
+from kernelloop.sandbox.judge.executables import allowed_executables
 from kernelloop.sandbox.judge.forkserver import ForkServer
 from kernelloop.sandbox.judge.plan import harness_memory_mb, make_plan, master_seed, trial_inputs
 from kernelloop.sandbox.judge.timing import ABTimer
@@ -87,7 +86,7 @@ class Sandbox:
         self.options = options
         self.registry = registry if registry is not None else Registry(options.registry)
         self.progress = progress or (lambda message: None)
-        self.fingerprint = device_fingerprint(options.device)
+        self.fingerprint = options.device.fingerprint
         self.seed = master_seed(options)
         if not options.unconfined:
             from kernelloop.sandbox.inside.confine import harden_current_process, probe
@@ -97,16 +96,13 @@ class Sandbox:
             if reason:
                 raise SandboxUnavailable(f"cannot confine candidates on this machine ({reason}); "
                                          "pass --unconfined to judge without OS confinement")
-            if options.device == "cuda" and (reason := cuda_check()):
+            if not options.device.interpreted and (reason := cuda_check()):
                 raise SandboxUnavailable(
                     f"CUDA does not work in a confined process on this machine ({reason}); "
                     "`python -m kernelloop.sandbox.judge.cuda_check --layers` shows which layer breaks it")
             harden_current_process()
         self.server = ForkServer(options.device) if options.fork_server else None
-        self.executables: tuple[str, ...] = ()
-        if options.device == "cuda":
-            major, minor = torch.cuda.get_device_capability()
-            self.executables = cuda_executables(major * 10 + minor)
+        self.executables = allowed_executables(options.device)
         self.compile_for, self._compiler, self._compile_exec = compile_setup(
             options.compile_for, options.device, options.fork_server, self.server)
         self.run: CandidateRun | None = None  # the candidate being judged (sandbox/judge/candidate_run.py)
@@ -190,7 +186,7 @@ class Sandbox:
         and its "load" message."""
         run = self.run
         t0, compiling = time.monotonic(), role == "compile"  # compile processes run compiled Triton ("cuda")
-        job = Job(role=role, op=spec.name, device="cuda" if compiling else self.options.device, source=source,
+        job = Job(role=role, op=spec.name, device="cuda" if compiling else self.options.device.kind, source=source,
                   filename=filename, constants=constants or {}, memory_mb=run.memory_mb,
                   cpu_seconds=int(run.budget.total_s * 2) + 5, confine=not self.options.unconfined,
                   allow_exec=list(self._compile_exec if compiling else self.executables))

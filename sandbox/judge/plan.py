@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kernelloop.common.errors import UnknownDtypeError
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.spec import (
     CUDA_ENGINE_SHAPES,
     TOKEN_BUCKETS,
@@ -96,11 +97,11 @@ def check_cases(spec: OpSpec, options: CheckOptions) -> list[tuple[dict[str, int
     """(shape, variant) pairs, without repeats. On CUDA the battery's engine shapes are
     `cuda_engine_shapes` (nothing over CUDA_TRIAL_LIMIT)."""
     cases = [(dict(c.shape), dict(c.variant)) for c in spec.battery(options.device)]
-    if options.device == "cuda":  # the battery's engine picks, replaced where they are over the limit
+    if not options.device.interpreted:  # the battery's engine picks, replaced where they are over the limit
         battery_picks = pick_shapes(spec.engine_shapes, CUDA_ENGINE_SHAPES)
         picks = cuda_engine_shapes(spec, CUDA_ENGINE_SHAPES)
         cases = [c for c in cases if c[1] or c[0] not in battery_picks or c[0] in picks] + [(s, {}) for s in picks]
-    if options.device == "cpu":
+    if options.device.interpreted:
         cases += [(interpreter_shape(spec, s), {}) for s in options.shapes]
     else:
         cases += [(dict(s), {}) for s in options.shapes]
@@ -130,10 +131,10 @@ def timing_shape(spec: OpSpec, options: CheckOptions) -> dict[str, int]:
     """CPU: the costliest test shape (the interpreter is slow), or the caller's as `interpreter_shape`.
     CUDA: the caller's, else a mid-size engine shape, the middle of three `cuda_engine_shapes`."""
     if options.timing_shape:
-        if options.device == "cpu":
+        if options.device.interpreted:
             return interpreter_shape(spec, options.timing_shape, CPU_TIMING_CAP)
         return dict(options.timing_shape)
-    if options.device == "cuda":
+    if not options.device.interpreted:
         return cuda_engine_shapes(spec, 3)[1]
     return costliest_test_shape(spec)
 
@@ -152,14 +153,14 @@ def timing_dtype(spec: OpSpec, options: CheckOptions) -> str:
             raise UnknownDtypeError(f"timing dtype {options.timing_dtype} is not among the dtypes judged "
                                     f"({', '.join(judged)})")
         return options.timing_dtype
-    preferred = "bfloat16" if options.device == "cuda" else "float32"
+    preferred = "bfloat16" if not options.device.interpreted else "float32"
     return preferred if preferred in judged else judged[0]
 
 
 def _every_dtype(spec: OpSpec, options: CheckOptions, shape: dict, variant: dict) -> bool:
     """Test and held-back shapes run in every dtype; on the CPU interpreter the costlier rest (input
     variants, the many-row and range shapes, caller shapes) takes turns over the dtypes."""
-    if options.device == "cuda":
+    if not options.device.interpreted:
         return True
     return not variant and (shape in list(spec.test_shapes) or shape in list(spec.held_back))
 
@@ -175,7 +176,7 @@ def _repeated(options: CheckOptions, shape: dict, ranges: list) -> bool:
     """Whether a shape's first trial is called twice on the same inputs (same bits?). Not the range
     shapes on CPU, where a call of a one-program-per-row kernel takes seconds: their replay still
     compares the output's bits with a second run of its launches."""
-    return options.device == "cuda" or (shape, {}) not in ranges
+    return not options.device.interpreted or (shape, {}) not in ranges
 
 
 def race_dtype_case(spec: OpSpec, options: CheckOptions) -> dict[str, int] | None:
@@ -221,12 +222,12 @@ def make_plan(spec: OpSpec, options: CheckOptions, seed: int, atomics: bool = Fa
     # each on CPU.
     for j, (shape, variant) in enumerate(c for c in ranges if c not in cases):
         for i, dtype in enumerate(dtypes):
-            if options.device == "cuda" or (j + turn) % len(dtypes) == i:
+            if not options.device.interpreted or (j + turn) % len(dtypes) == i:
                 add(shape, variant, dtype)
     timing = None
     if options.timing:
-        rounds = options.rounds or (15 if options.device == "cuda" else 7)
-        calls = 10 if options.device == "cuda" else 3
+        rounds = options.rounds or (15 if not options.device.interpreted else 7)
+        calls = 10 if not options.device.interpreted else 3
         timing = Timing(shape=timing_shape(spec, options), dtype=timing_dtype(spec, options),
                         rounds=[[rng.randrange(1 << 62) for _ in range(calls)] for _ in range(rounds)])
         if options.timing_shape and timing["shape"] != dict(options.timing_shape):
@@ -234,7 +235,7 @@ def make_plan(spec: OpSpec, options: CheckOptions, seed: int, atomics: bool = Fa
     return Plan(trials=trials, timing=timing)
 
 
-def harness_memory_mb(spec: OpSpec, plan: Plan, device: str) -> int:
+def harness_memory_mb(spec: OpSpec, plan: Plan, device: Device) -> int:
     """Memory a sandboxed process needs for the harness itself, on top of the candidate's allowance:
     each call's tensors arrive over the channel and go back out (inputs and outputs, host copies of
     GPU tensors), and on CUDA the context's own host memory. At GPU timing shapes this is gigabytes
@@ -243,4 +244,4 @@ def harness_memory_mb(spec: OpSpec, plan: Plan, device: str) -> int:
     if plan.get("timing"):
         cases.append((plan["timing"]["shape"], plan["timing"]["dtype"]))
     most = max((spec.cost(shape, parse_dtype(dtype)).bytes for shape, dtype in cases), default=0)
-    return (3 * most >> 20) + (1024 if device == "cuda" else 0)
+    return (3 * most >> 20) + (0 if device.interpreted else 1024)

@@ -93,7 +93,7 @@ class ABTimer:
             v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
             return
         v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
-        mode = "replay, cuda events after an L2 flush" if options.device == "cuda" else \
+        mode = "replay, cuda events after an L2 flush" if not options.device.interpreted else \
             "replay, replayer's CPU time (cpu-interpreter)"
         dtype = parse_dtype(timing["dtype"])
         rates = device_rates(options.device, dtype)  # measured once per device, then cached
@@ -147,7 +147,7 @@ class ABTimer:
                     if seconds is None:
                         return False
                     samples[side].append(seconds)
-                if sandbox.options.device == "cpu" and min(sum(x) for x in samples.values()) > CPU_ROUND_BUDGET_S:
+                if sandbox.options.device.interpreted and min(sum(x) for x in samples.values()) > CPU_ROUND_BUDGET_S:
                     break  # interpreted calls are slow and noisy alike: fewer of them per round, same rounds
             if r:
                 rounds.append(samples)

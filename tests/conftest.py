@@ -19,7 +19,7 @@ from kernelloop.kernels.device import default_device  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if default_device() == "cuda":
+    if not default_device().interpreted:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run bench/gpu_check.sh on a GPU machine)")
     for item in items:

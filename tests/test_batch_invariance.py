@@ -147,7 +147,7 @@ def test_a_kernel_variant_only_between_17_and_32_rows_is_caught_at_every_seed(tm
         failed = FAILED_AT.match(found.reason)
         assert found.invariant is False and failed, found.reason
         at, size = int(failed.group(1)), int(failed.group(2))
-        assert 16 < size <= 32 and (size, at) in draw_batches(seed, "cpu")
+        assert 16 < size <= 32 and (size, at) in draw_batches(seed, CPU)
     control = _module(tmp_path / "never_chunked_rmsnorm.py", PLANTED.replace("CHUNKED_ROWS", "False"))
     assert probe(spec, control.forward, "cpu", 1).invariant is True
 
@@ -367,5 +367,5 @@ def test_the_flags_reach_the_engine_and_the_tune_settings() -> None:
     assert engine_config(engine_parser().parse_args(["serve", "--device", "cpu", "--deterministic"])).deterministic
     assert not engine_config(engine_parser().parse_args(["serve", "--device", "cpu"])).deterministic
     args = agent_parser().parse_args(["tune", "rmsnorm", "--batch-invariant"])
-    assert tune_settings(args, "cpu").batch_invariant
-    assert not tune_settings(agent_parser().parse_args(["tune", "rmsnorm"]), "cpu").batch_invariant
+    assert tune_settings(args, CPU).batch_invariant
+    assert not tune_settings(agent_parser().parse_args(["tune", "rmsnorm"]), CPU).batch_invariant

@@ -14,6 +14,7 @@ import torch
 
 from kernelloop import kernels
 from kernelloop.kernels import OPS
+from kernelloop.kernels.device import CPU, CUDA
 from kernelloop.kernels.spec import pick_shapes
 from kernelloop.kernels.timing import measure_copy_bandwidth, summarize, time_calls
 
@@ -30,7 +31,7 @@ def test_time_calls_cpu_counts_and_positive_samples():
         calls.append(1)
         time.sleep(0.002)
 
-    samples = time_calls(fn, "cpu", warmup=2, reps=5)
+    samples = time_calls(fn, CPU, warmup=2, reps=5)
     assert len(samples) == 5
     assert len(calls) == 7  # warmup calls run but are not timed
     assert all(0.002 <= s < 1.0 for s in samples)
@@ -38,7 +39,7 @@ def test_time_calls_cpu_counts_and_positive_samples():
 
 def test_time_calls_rejects_zero_reps():
     with pytest.raises(ValueError):
-        time_calls(lambda: None, "cpu", warmup=0, reps=0)
+        time_calls(lambda: None, CPU, warmup=0, reps=0)
 
 
 def test_summarize_known_list():
@@ -54,7 +55,7 @@ def test_summarize_known_list():
 
 
 def test_copy_bandwidth_cpu_is_positive():
-    assert measure_copy_bandwidth("cpu", nbytes=8 << 20) > 0
+    assert measure_copy_bandwidth(CPU, nbytes=8 << 20) > 0
 
 
 def test_pick_shapes_spans_the_list():
@@ -140,11 +141,11 @@ def test_cuda_timing_rmsnorm_and_copy_bandwidth():
     spec = kernels.get_op("rmsnorm")
     args = spec.make_inputs({"tokens": 64, "hidden": 4096}, torch.bfloat16, 0, "cuda")
     spec.forward(*args)  # compile outside the timed calls
-    samples = time_calls(lambda: spec.forward(*args), "cuda", warmup=3, reps=20)
+    samples = time_calls(lambda: spec.forward(*args), CUDA, warmup=3, reps=20)
     assert len(samples) == 20 and all(0 < s < 0.05 for s in samples)
-    unflushed = time_calls(lambda: spec.forward(*args), "cuda", warmup=1, reps=5, flush_l2=False)
+    unflushed = time_calls(lambda: spec.forward(*args), CUDA, warmup=1, reps=5, flush_l2=False)
     assert len(unflushed) == 5 and all(s > 0 for s in unflushed)
-    assert measure_copy_bandwidth("cuda") > 100e9
+    assert measure_copy_bandwidth(CUDA) > 100e9
 
 
 def test_bench_one_reports_broken_kernels_instead_of_raising():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kernelloop.kernels import OPS, timing
+from kernelloop.kernels.device import CPU, CUDA
 from kernelloop.sandbox import CheckOptions, Verdict
 
 import bench.sandbox_gpu as sandbox_gpu
@@ -200,7 +201,7 @@ def test_sandbox_l2_section_runs_on_cpu():
 @pytest.mark.parametrize("flush", [True, False, "write", "read"])
 def test_time_calls_accepts_every_flush_kind_on_cpu(flush):
     calls = []
-    samples = timing.time_calls(lambda: calls.append(1), "cpu", warmup=1, reps=3, flush_l2=flush)
+    samples = timing.time_calls(lambda: calls.append(1), CPU, warmup=1, reps=3, flush_l2=flush)
     assert len(samples) == 3 and len(calls) == 4
 
 
@@ -211,7 +212,7 @@ def test_flush_kinds():
         with pytest.raises(ValueError):
             timing.flush_kind(bad)
     with pytest.raises(ValueError):  # refused on CPU too, before anything runs
-        timing.time_calls(lambda: None, "cpu", warmup=0, reps=1, flush_l2="both")
+        timing.time_calls(lambda: None, CPU, warmup=0, reps=1, flush_l2="both")
 
 
 def test_read_flush_reads_without_writing(monkeypatch):
@@ -236,7 +237,7 @@ def test_read_flush_times_on_cuda():
     spec = OPS["rmsnorm"]
     args = spec.make_inputs({"tokens": 64, "hidden": 4096}, torch.bfloat16, 0, "cuda")
     for flush in ("read", "write", False):
-        samples = timing.time_calls(lambda: spec.forward(*args), "cuda", warmup=2, reps=5, flush_l2=flush)
+        samples = timing.time_calls(lambda: spec.forward(*args), CUDA, warmup=2, reps=5, flush_l2=flush)
         assert len(samples) == 5 and all(0 < s < 0.05 for s in samples)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from kernelloop.common.errors import KernelloopError
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import get_op
 from kernelloop.sandbox import wire
 from kernelloop.sandbox.inside.compile_child import DescriptionError, decode
@@ -207,9 +208,9 @@ def test_forged_launch_descriptions_are_refused(description: Any, message: str) 
 
 
 def test_targets_are_checked_before_anything_starts() -> None:
-    assert compile_setup((), "cpu", True, None) == ((), None, ())
+    assert compile_setup((), CPU, True, None) == ((), None, ())
     with pytest.raises(KernelloopError, match="unknown GPU target sm91"):
-        compile_setup(("sm90", "sm91"), "cpu", True, None)
+        compile_setup(("sm90", "sm91"), CPU, True, None)
 
 
 def test_the_cli_flag_with_a_bad_target_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from kernelloop.agent import cli
 from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.quantize import apply
 from kernelloop.history import History
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import baseline_source
 from kernelloop.kernels.quant import SCHEMES
 from kernelloop.kernels.registry import ANY_BUCKET, Provenance
@@ -149,8 +150,8 @@ def test_an_incorrect_baseline_kernel_commits_nothing(capsys, tmp_path, registry
 def test_fp8_is_offered_by_default_only_where_supported():
     from kernelloop.agent.commands.quantize import parse_schemes
 
-    assert [s.name for s in parse_schemes(None, "cpu")] == ["int8", "int4"]
-    assert SCHEMES["fp8"].supported("cpu") is False
+    assert [s.name for s in parse_schemes(None, CPU)] == ["int8", "int4"]
+    assert SCHEMES["fp8"].supported(CPU) is False
 
 
 def test_a_gate_that_raises_rolls_the_commit_back(capsys, tmp_path, registry, stubbed, monkeypatch):

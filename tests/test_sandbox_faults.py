@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelloop.kernels.device import CPU
 from kernelloop.sandbox.judge.forkserver import ForkServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,7 +124,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing() -> None:
 
 
 def test_a_fork_server_started_by_a_thread_that_ends_keeps_serving() -> None:
-    server = ForkServer("cpu")
+    server = ForkServer(CPU)
     try:
         started = threading.Thread(target=server._ensure)
         started.start()
@@ -142,7 +143,7 @@ def test_a_request_interrupted_by_ctrl_c_drops_the_fork_server(monkeypatch) -> N
     # waiting on its children answers at once (they died with it).
     from kernelloop.sandbox.judge import forkserver as fs
 
-    server = ForkServer("cpu")
+    server = ForkServer(CPU)
     try:
         proc = server._ensure() and server._proc
 

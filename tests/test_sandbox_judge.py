@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernelloop.common.stats import median_interval
+from kernelloop.kernels.device import CPU, CUDA
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.roofline import Rates
 from kernelloop.sandbox.judge.decisions import DECIDED, judge_call, judge_replays, judge_timing, next_order
@@ -77,20 +78,20 @@ def test_the_replay_must_give_the_same_bits() -> None:
     out = [torch.randn(3, 4)]
     inputs = [torch.randn(2)]
     ok = _verdict()
-    judge_replays(ok, "w", out, [(None, [out[0].clone()])], inputs, [inputs[0].clone()], "cpu")
+    judge_replays(ok, "w", out, [(None, [out[0].clone()])], inputs, [inputs[0].clone()], CPU)
     assert ok.failure is None
     other = _verdict()  # two replays agree with each other, not with what the candidate returned
-    judge_replays(other, "w", out, [(None, [out[0] + 1]), (None, [out[0] + 1])], inputs, inputs, "cpu")
+    judge_replays(other, "w", out, [(None, [out[0] + 1]), (None, [out[0] + 1])], inputs, inputs, CPU)
     assert other.failure == "launch-independent"
     flaky = _verdict()
-    judge_replays(flaky, "w", out, [(None, [out[0] + 1]), (None, [out[0] + 2])], inputs, inputs, "cpu")
+    judge_replays(flaky, "w", out, [(None, [out[0] + 1]), (None, [out[0] + 2])], inputs, inputs, CPU)
     assert flaky.failure == "nondeterministic"
     nan = torch.full((2,), float("nan"))
     same_nan = _verdict()
-    judge_replays(same_nan, "w", [nan], [(7, [nan.clone()])], inputs, inputs, "cpu")
+    judge_replays(same_nan, "w", [nan], [(7, [nan.clone()])], inputs, inputs, CPU)
     assert same_nan.failure is None  # bitwise: NaN equals NaN
     mutated = _verdict()
-    judge_replays(mutated, "w", out, [(7, [out[0].clone()])], inputs, [inputs[0] + 1], "cpu")
+    judge_replays(mutated, "w", out, [(7, [out[0].clone()])], inputs, [inputs[0] + 1], CPU)
     assert mutated.failure == "input-mutated"
 
 
@@ -100,18 +101,18 @@ def test_a_shuffled_order_that_differs_where_grid_order_matches_is_a_race() -> N
     shuffled = out[0].clone()
     shuffled[1, 2] = torch.nextafter(shuffled[1, 2], torch.tensor(9.0))  # one bit of one element
     race = _verdict()
-    judge_replays(race, "w", out, [(7, [shuffled]), (None, [out[0].clone()])], inputs, inputs, "cpu")
+    judge_replays(race, "w", out, [(7, [shuffled]), (None, [out[0].clone()])], inputs, inputs, CPU)
     assert race.failure == "race" and "seed 7" in race.reason and "1 of 12 elements" in race.reason
     assert "first at [1, 2]" in race.reason, race.reason
     on_gpu = _verdict()
-    judge_replays(on_gpu, "w", out, [(7, [shuffled]), (None, [out[0].clone()])], inputs, inputs, "cuda")
+    judge_replays(on_gpu, "w", out, [(7, [shuffled]), (None, [out[0].clone()])], inputs, inputs, CUDA)
     assert on_gpu.failure == "race" and "concurrent load" in on_gpu.reason
     # grid order wrong as well: not a race but what it always was (outside the launches, or flaky)
     outside = _verdict()
-    judge_replays(outside, "w", out, [(7, [shuffled]), (None, [shuffled]), (None, [shuffled])], inputs, inputs, "cpu")
+    judge_replays(outside, "w", out, [(7, [shuffled]), (None, [shuffled]), (None, [shuffled])], inputs, inputs, CPU)
     assert outside.failure == "launch-independent"
     flaky = _verdict()
-    judge_replays(flaky, "w", out, [(7, [shuffled]), (None, [shuffled]), (None, [out[0] + 1])], inputs, inputs, "cpu")
+    judge_replays(flaky, "w", out, [(7, [shuffled]), (None, [shuffled]), (None, [out[0] + 1])], inputs, inputs, CPU)
     assert flaky.failure == "nondeterministic"
 
 
@@ -201,7 +202,7 @@ def test_the_harness_memory_grows_with_the_planned_shapes_not_against_the_candid
     small = make_plan(silu, CheckOptions(), 1)
     big = make_plan(silu, CheckOptions(device="cuda", timing_shape={"tokens": 8192, "d": 28672},
                                        timing_dtype="bfloat16"), 1)
-    assert harness_memory_mb(silu, small, "cpu") < 16
+    assert harness_memory_mb(silu, small, CPU) < 16
     # at least the timing call: inputs 8192 x 57344 bf16 (940 MB) + output (470 MB), three times over,
     # plus the CUDA context (the CUDA battery's fp32 engine shapes can need more)
-    assert harness_memory_mb(silu, big, "cuda") > 3 * 1400 + 1024
+    assert harness_memory_mb(silu, big, CUDA) > 3 * 1400 + 1024

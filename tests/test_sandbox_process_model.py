@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelloop.kernels.device import CUDA
 from kernelloop.sandbox.judge.children import Child
 from kernelloop.sandbox.judge.executables import ptxas
 from kernelloop.sandbox.judge.forkserver import ForkServer
@@ -85,7 +86,7 @@ print(json.dumps(json.loads(data)))
 def test_the_fork_server_never_initialises_cuda(tmp_path: Path) -> None:
     """Set up for CUDA (compiled Triton) on a machine without one: CUDA entry points raise in the server,
     so had anything touched CUDA before the fork, the server would not have served this child."""
-    server = ForkServer("cuda")
+    server = ForkServer(CUDA)
     child = None
     try:
         job = {"role": "replay", "op": "rmsnorm", "device": "cpu", "source": None, "filename": "baseline",

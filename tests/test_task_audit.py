@@ -13,6 +13,7 @@ from kernelloop.agent.gate_config import GateConfig
 from kernelloop.agent.task_audit import accuracy, check, compare, first_json, first_wrong, score
 from kernelloop.agent.task_suite import SuiteError, TaskItem, load_suite
 from kernelloop.common.stats import paired_ratio_interval
+from kernelloop.kernels.device import CPU, CUDA
 
 HEADER = {"suite": "t", "version": 1}
 CALL = {"id": "c", "kind": "tool_call", "messages": [{"role": "user", "content": "Ship 907 to Lyon for Ann."}],
@@ -181,15 +182,15 @@ def test_gate_tasks_defaults_by_device_and_refuses_a_bad_suite_up_front(tmp_path
 
     p = argparse.ArgumentParser()
     add_tune_arguments(p)
-    assert gate_config(p.parse_args([]), "cpu").tasks == "off"
-    assert gate_config(p.parse_args([]), "cuda").tasks == "agent-v1"
+    assert gate_config(p.parse_args([]), CPU).tasks == "off"
+    assert gate_config(p.parse_args([]), CUDA).tasks == "agent-v1"
     tiny = str(Path(__file__).parent / "tiny_tasks.jsonl")
-    chosen = gate_config(p.parse_args(["--gate-tasks", tiny, "--gate-task-tolerance", "0.2"]), "cpu")
+    chosen = gate_config(p.parse_args(["--gate-tasks", tiny, "--gate-task-tolerance", "0.2"]), CPU)
     assert (chosen.tasks, chosen.task_tolerance) == (tiny, 0.2)
     with pytest.raises(SuiteError, match=":2: not JSON"):
-        gate_config(p.parse_args(["--gate-tasks", str(_write(tmp_path, HEADER, "{oops"))]), "cuda")
+        gate_config(p.parse_args(["--gate-tasks", str(_write(tmp_path, HEADER, "{oops"))]), CUDA)
     with pytest.raises(KernelloopError, match="--gate-task-tolerance"):
-        gate_config(p.parse_args(["--gate-task-tolerance", "1.5"]), "cpu")
+        gate_config(p.parse_args(["--gate-task-tolerance", "1.5"]), CPU)
 
 
 def test_the_tasks_row_in_the_tune_output_and_the_report() -> None:

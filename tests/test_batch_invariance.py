@@ -22,7 +22,7 @@ import torch
 from kernelloop.common.errors import RegistryError
 from kernelloop.kernels import deterministic as det
 from kernelloop.kernels import interpreter_autotune
-from kernelloop.kernels.device import CPU
+from kernelloop.kernels.device import CPU, CUDA
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.ops import OPS, get_op
 from kernelloop.kernels.registry.entry import ANY_BUCKET, Entry, Provenance
@@ -117,7 +117,7 @@ def test_a_row_per_program_kernel_is_batch_invariant_and_the_verdict_json_says_s
 
 
 def test_the_probes_batches_are_drawn_from_the_seed_one_per_stratum() -> None:
-    for device, strata in (("cpu", CPU_STRATA), ("cuda", CUDA_STRATA)):
+    for device, strata in ((CPU, CPU_STRATA), (CUDA, CUDA_STRATA)):
         draws = [draw_batches(seed, device) for seed in range(200)]
         assert draws[7] == draw_batches(7, device)  # seeded
         for batches in draws:
@@ -141,21 +141,21 @@ def test_a_kernel_variant_only_between_17_and_32_rows_is_caught_at_every_seed(tm
     spec = get_op("rmsnorm")
     module = _module(tmp_path / "one_bucket_rmsnorm.py", ONE_BUCKET)
     old_sizes = ((3, 1), (16, 15), (33, 17))  # fixed batches that miss it
-    assert probe(spec, module.forward, "cpu", 5, batches=old_sizes).invariant is True
+    assert probe(spec, module.forward, CPU, 5, batches=old_sizes).invariant is True
     for seed in (1, 2, 3, 4, 5):
-        found = probe(spec, module.forward, "cpu", seed)
+        found = probe(spec, module.forward, CPU, seed)
         failed = FAILED_AT.match(found.reason)
         assert found.invariant is False and failed, found.reason
         at, size = int(failed.group(1)), int(failed.group(2))
         assert 16 < size <= 32 and (size, at) in draw_batches(seed, CPU)
     control = _module(tmp_path / "never_chunked_rmsnorm.py", PLANTED.replace("CHUNKED_ROWS", "False"))
-    assert probe(spec, control.forward, "cpu", 1).invariant is True
+    assert probe(spec, control.forward, CPU, 1).invariant is True
 
 
 def test_the_invariance_tables_are_what_the_probe_proves_and_the_pin_is_restored() -> None:
     interpreter_autotune.pin(5)
     try:
-        found = {(name, which): probe(spec, getattr(spec, which), "cpu", 1234).invariant
+        found = {(name, which): probe(spec, getattr(spec, which), CPU, 1234).invariant
                  for name, spec in OPS.items() for which in ("reference", "forward")}
         assert interpreter_autotune.pinned() == 5
     finally:
@@ -169,7 +169,7 @@ def test_the_invariance_tables_are_what_the_probe_proves_and_the_pin_is_restored
     # linear: MKL's blocking follows the row count; attention is not probed here
     assert found[("linear", "reference")] is False
     assert found[("decode_attention", "forward")] is None
-    assert probe(get_op("linear"), det.rowwise(get_op("linear")), "cpu", 1234).invariant is True
+    assert probe(get_op("linear"), det.rowwise(get_op("linear")), CPU, 1234).invariant is True
 
 
 @pytest.mark.parametrize("name", sorted(OPS))

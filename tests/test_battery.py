@@ -119,7 +119,7 @@ def test_battery_covers_the_contract(name):
 @pytest.mark.parametrize("name", list(OPS))
 def test_cuda_battery_adds_engine_shapes_instead_of_many_rows(name):
     spec = OPS[name]
-    cpu, cuda = spec.battery(CPU), spec.battery("cuda")
+    cpu, cuda = spec.battery(CPU), spec.battery(CUDA)
     assert Case(dict(spec.many_rows)) in cpu and Case(dict(spec.many_rows)) not in cuda
     assert all(Case(dict(s)) in cuda for s in pick_shapes(spec.engine_shapes, 4))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import get_op
 from kernelloop.sandbox.inside import trace
 from kernelloop.sandbox.inside.replay import Replay, ReplayError, kernels_from_source
@@ -51,7 +52,7 @@ def _record_and_replay(source: str, op: str, shapes: int = 2) -> None:
         assert record["problem"] is None
         fresh = [torch.empty(0, dtype=a.dtype).set_(a.untyped_storage().clone(), a.storage_offset(), a.shape, a.stride())
                  for a in args if isinstance(a, torch.Tensor)]
-        replayed = Replay(kernels, "cpu").run(record, fresh)
+        replayed = Replay(kernels, CPU).run(record, fresh)
         outs = out if isinstance(out, tuple) else (out,)
         assert len(replayed) == len(outs) and all(same_bits(a, b) for a, b in zip(replayed, outs))
 
@@ -128,6 +129,6 @@ def test_a_branch_chosen_by_a_constant_changed_after_the_if_is_refused_or_replay
             out = forward(x)
     finally:
         STATE["recorder"] = None
-    (replayed,) = Replay(kernels_from_source(source, constants), "cpu").run(json.loads(json.dumps(rec.finish(out))),
+    (replayed,) = Replay(kernels_from_source(source, constants), CPU).run(json.loads(json.dumps(rec.finish(out))),
                                                                            [x.clone()])
     assert torch.equal(out, x * 2) and torch.equal(replayed, x * 3) and not same_bits(out, replayed)

@@ -16,6 +16,7 @@ import torch
 
 from kernelloop.kernels import OPS
 from kernelloop.kernels.compare import as_tuple, check_outputs, error_stats, stat_limits
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.spec import DEFAULT_ERROR_BOUNDS, UNIT_ROUNDOFF
 from kernelloop.sandbox.judge.decisions import add_check, judge_call
 from kernelloop.sandbox.verdict import FAILURES, Verdict
@@ -139,7 +140,7 @@ def _judge(outputs_of) -> Verdict:
     v = Verdict(op="rmsnorm", device="cpu-interpreter", file="c.py", sha256="0")
     where = "bfloat16 tokens=300,hidden=24"
     c = judge_call(v, spec, where, GOOD, RECORD, [outputs_of(args, expected)], [t.clone() for t in inputs], inputs,
-                   expected, "cpu", SHAPE)
+                   expected, CPU, SHAPE)
     add_check(v, where, c)
     return v
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kernelloop.kernels import interpreter_bounds as bounds
+from kernelloop.kernels.device import CPU
 from kernelloop.sandbox.inside import poison, trace
 from kernelloop.sandbox.inside.replay import Replay, ReplayError, kernels_from_source
 from kernelloop.sandbox.inside.worker import load_module
@@ -151,15 +152,15 @@ def test_every_kind_of_bad_access_is_refused_in_the_runner_and_in_the_replay(mod
         _record(FORWARD, (x, mode))
     out, record = _record(FORWARD, (x, 0))
     with pytest.raises(bounds.OutOfBounds, match="kernel _k: " + message):  # the replay of the same launch
-        Replay(KERNELS, "cpu").run(_as_mode(record, mode), _fresh((x,)))
-    assert torch.equal(Replay(KERNELS, "cpu").run(record, _fresh((x,)))[0], out)
+        Replay(KERNELS, CPU).run(_as_mode(record, mode), _fresh((x,)))
+    assert torch.equal(Replay(KERNELS, CPU).run(record, _fresh((x,)))[0], out)
 
 
 def test_masked_lanes_far_outside_and_strided_views_pass() -> None:
     x = _strided()
     out, record = _record(FORWARD, (x, 0))
     assert record["problem"] is None and torch.equal(out, x)
-    assert judge.same_bits(Replay(KERNELS, "cpu").run(record, _fresh((x,)))[0], out)
+    assert judge.same_bits(Replay(KERNELS, CPU).run(record, _fresh((x,)))[0], out)
 
 
 def test_guard_zones_catch_a_store_past_an_allocation_without_address_checks() -> None:
@@ -167,11 +168,11 @@ def test_guard_zones_catch_a_store_past_an_allocation_without_address_checks() -
     x = torch.randn(3, 5)
     _, record = _record(FORWARD, (x, 0))
     for mode, where in ((1, r"byte \+60"), (7, "byte -4")):
-        replay = Replay(KERNELS, "cpu", check_addresses=False)
+        replay = Replay(KERNELS, CPU, check_addresses=False)
         replay.run(_as_mode(record, mode), _fresh((x,)))
         with pytest.raises(bounds.OutOfBounds, match=where + r" of buffer 1, which has 60 bytes \(made by aten.empty"):
             replay.check_guards()
-    replay = Replay(KERNELS, "cpu", check_addresses=False)
+    replay = Replay(KERNELS, CPU, check_addresses=False)
     replay.run(record, _fresh((x,)))
     replay.check_guards()
 
@@ -231,7 +232,7 @@ def test_a_kernel_reading_memory_it_never_wrote_differs_between_runner_and_repla
     source = source.replace("        tl.store(y_ptr + row * n + far, x, mask=mask)",
                             "        tl.store(y_ptr + row * n + far, x, mask=mask & (old != old))")
     forward, constants = load_module(source, "nan_probe.py")
-    replay = Replay(kernels_from_source(source, constants), "cpu")
+    replay = Replay(kernels_from_source(source, constants), CPU)
     x = torch.randn(2, 8)
     differ = 0
     for _ in range(8):
@@ -278,7 +279,7 @@ def forward(x, how):
 
 def test_index_data_set_from_python_ints_is_recorded_and_replayed() -> None:
     forward, constants = load_module(LITERAL_SOURCE, "literal.py")
-    replay = Replay(kernels_from_source(LITERAL_SOURCE, constants), "cpu")
+    replay = Replay(kernels_from_source(LITERAL_SOURCE, constants), CPU)
     x = torch.randn(9)
     for how in ("ints", "list"):
         out, record = _record(forward, (x, how))
@@ -311,7 +312,7 @@ def test_a_forged_literal_is_refused_by_the_replay(forge, message: str) -> None:
     _, record = _record(forward, (x, "ints"))
     forge(next(e for e in record["entries"] if e["kind"] == "literal"))
     with pytest.raises(ReplayError, match=message):
-        Replay(kernels_from_source(LITERAL_SOURCE, constants), "cpu").run(record, _fresh((x,)))
+        Replay(kernels_from_source(LITERAL_SOURCE, constants), CPU).run(record, _fresh((x,)))
 
 
 def test_a_forged_record_cannot_fill_an_output_from_python() -> None:
@@ -322,7 +323,7 @@ def test_a_forged_record_cannot_fill_an_output_from_python() -> None:
             "args": [{"tensor": {"buf": 1, "offset": 0, "shape": [], "stride": [], "dtype": "float32"}}, 0.5]}
     record["entries"] += [fill] * 257
     with pytest.raises(ReplayError, match="more than 256 values"):
-        Replay(KERNELS, "cpu").run(record, _fresh((x,)))
+        Replay(KERNELS, CPU).run(record, _fresh((x,)))
 
 
 def test_inference_mode_records_what_plain_mode_records() -> None:

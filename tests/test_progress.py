@@ -15,6 +15,7 @@ from rich.console import Console
 from kernelloop.agent.progress_view import ProgressView
 from kernelloop.agent.render import throttled
 from kernelloop.common.progress import Step, prefixed, takes_every_step
+from kernelloop.kernels.device import CPU
 
 BATTERY = [Step("trial 1/3 (float32 a)", "sandbox battery", 1, 3), Step("trial 2/3 (float32 b)", "sandbox battery", 2, 3),
            "checking cand_b", Step("trial 1/3 (float32 a)", "sandbox battery", 1, 3)]
@@ -185,7 +186,7 @@ def test_sandbox_timing_steps_count_rounds_and_say_the_budget_left(tmp_path: Pat
     messages: list[str] = []
 
     run = SimpleNamespace(budget=SimpleNamespace(total_s=180.0), deadline=time.monotonic() + 61, phase="")
-    sandbox = SimpleNamespace(options=SimpleNamespace(device="cpu"), progress=messages.append, run=run,
+    sandbox = SimpleNamespace(options=SimpleNamespace(device=CPU), progress=messages.append, run=run,
                               checked_call=lambda *args: 0.001)  # the candidate and the baseline, every call
     timer = ABTimer(sandbox)
     timer.baseline_children = lambda spec, timing, v, work: (None, None, "baseline")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import get_op
 from kernelloop.sandbox.judge.plan import make_plan
 from kernelloop.sandbox.options import CheckOptions
@@ -48,7 +49,7 @@ def test_a_race_only_trial_skips_the_values_and_nothing_else() -> None:
     def judged(outputs: list, facts: dict, compare: bool) -> Verdict:
         v = Verdict(op="rmsnorm", device="cpu-interpreter", file="c.py", sha256="0")
         judge_call(v, spec, "here", facts, record, outputs, [t.clone() for t in inputs], inputs,
-                   spec.reference(*args), "cpu", shape, compare)
+                   spec.reference(*args), CPU, shape, compare)
         return v
 
     assert judged(wrong, facts, True).failure == "mismatch"

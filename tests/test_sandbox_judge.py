@@ -33,7 +33,7 @@ def _judged(facts: dict, outputs: list, record: dict = RECORD, after: list | Non
     inputs = [a for a in args if isinstance(a, torch.Tensor)]
     v = _verdict()
     judge_call(v, SPEC, "float32 tokens=3,hidden=33", facts, record, outputs,
-               after if after is not None else [t.clone() for t in inputs], inputs, SPEC.reference(*args), "cpu",
+               after if after is not None else [t.clone() for t in inputs], inputs, SPEC.reference(*args), CPU,
                {"tokens": 3, "hidden": 33})
     return v
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.kernels.device import CUDA
+from kernelloop.kernels.device import CUDA, Device
 from kernelloop.sandbox.judge.children import Child
 from kernelloop.sandbox.judge.executables import ptxas
 from kernelloop.sandbox.judge.forkserver import ForkServer
@@ -132,7 +132,7 @@ def _replaying_child(device: str, pid: int, chan_fd: int) -> Child:
     from kernelloop.sandbox import wire
 
     child = Child.__new__(Child)
-    child.chan, child.deadline, child.device, child.busy_s = wire.Channel(chan_fd), time.monotonic() + 5, device, 0.0
+    child.chan, child.deadline, child.device, child.busy_s = wire.Channel(chan_fd), time.monotonic() + 5, Device.of(device), 0.0
     child.pid, child._check_memory = pid, lambda: None
     child._sent_at, child._n_inputs, child._go_at, child._cpu_at = time.monotonic(), 1, time.perf_counter(), {}
     return child

@@ -72,7 +72,7 @@ def render_body(new: list[Entry], snapshot: Snapshot, timings: dict[str, dict[st
         "",
         "### Benchmarks",
         "",
-        "Speedup: median over the kernel the engine ran before, with its 95% bootstrap interval. Times are the "
+        "Speedup: median over the kernel the engine ran before, with its distribution-free 95% interval. Times are the "
         "latest sandbox verdict's medians per call; roofline is the fraction of the device's copy bandwidth reached.",
         "",
         "| entry | op | device | dtype | bucket | speedup [95% interval] | baseline | candidate | roofline "

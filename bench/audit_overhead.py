@@ -3,7 +3,7 @@
 One `engine serve` process per rate, all started up front; each round sends the same batch of requests to
 every server in turn (the order rotates from round to round, so drift on a noisy machine falls on every
 rate alike) and records output tokens per second. Each rate's per-round ratio to rate 0 gives a median
-with its 95% bootstrap interval (kernelloop/common/stats.py median_interval). The audit's promise: at the default
+with its distribution-free 95% interval (kernelloop/common/stats.py median_interval). The audit's promise: at the default
 rate (0.01) serving is not slower by more than 2%.
 
 This times the engine's side: the draw per finished request and the copy of a sampled one into the ring.
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes = [f"{args.requests} requests of {args.prompt_tokens} prompt tokens and {args.max_tokens} output tokens "
              "per round, streamed, all sent at once; one engine per rate, rounds interleaved with a rotating order.",
              f"slowdown: per-round time ratio (rate {rates[0]:g} tok/s / this rate's tok/s), median and 95% "
-             "bootstrap interval.",
+             "order-statistic interval.",
              "Engine side only: the auditor's reference forwards run in its own process.",
              f"audit us/request: the server's audit work per finished request, timed in-process over {MICRO_CALLS} "
              "requests (the seeded draw; for a sampled one, its copy into the ring). share of a request: that over "

@@ -3,7 +3,7 @@
 With the embedded model on CPU (float32, the CPU default kernels: reference torch ops), two engines in
 one process, default and deterministic, generate the same greedy workloads (1 request; 16 concurrent
 requests) in interleaved rounds, the order alternating each round. Per workload: output tokens/s of
-each, and deterministic/default as the median of the per-round ratios with its 95% bootstrap interval
+each, and deterministic/default as the median of the per-round ratios with its distribution-free 95% interval
 (kernelloop/common/stats.py). Deterministic mode serves linear and both attentions row by row (kernels/deterministic.py),
 so the cost grows with the rows a forward carries: most in prefill and large batches.
 """
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "deterministic: linear, extend_attention and decode_attention computed one row at a time on one "
                    "CPU thread (kernels/deterministic.py); rmsnorm, fused_add_rmsnorm, rope and silu_mul are "
                    "batch invariant as they are (the probe proves it) and unchanged.",
-                   "ratio: median of per-round deterministic/default tokens/s, 95% bootstrap interval."])
+                   "ratio: median of per-round deterministic/default tokens/s, 95% order-statistic interval."])
         print(f"wrote {path}")
     return 0
 

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "judge-aa", f"The CPU judge against itself: {args.op}'s own kernel as candidate and baseline", rows,
         device="cpu", out_dir=args.out_dir,
         notes=[f"Timed at {SHAPES[args.op]} bfloat16, 7 rounds, each a few interleaved calls per side; the interval "
-               "is the 95% bootstrap interval of the median of the rounds' ratios (kernelloop.common.stats).",
+               "is the distribution-free 95% interval of the median of the rounds' ratios (kernelloop.common.stats).",
                "Candidate and baseline are the same source text in two sandboxed process pairs, so a lower bound "
                "above 1 is a difference between the processes, not between kernels; every acceptance is false.",
                "'judge wall clock' is the judge as it timed before (monkeypatched here for the comparison)."])

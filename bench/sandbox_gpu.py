@@ -3,7 +3,7 @@
 1. L2 flush: the baseline rmsnorm timed three ways: with a warm L2, after the `zero_()` flush (which
    leaves L2 full of dirty lines for the timed kernel to write back) and after a read-only flush
    (a sum over the same 256 MB: L2 left clean); see kernels/timing.py.
-2. A/B timing, baseline vs an honest variant, for rmsnorm and silu_mul: speedup, bootstrap
+2. A/B timing, baseline vs an honest variant, for rmsnorm and silu_mul: speedup, its 95%
    interval, timing mode (replayed launches, CUDA events after an L2 flush), percent of copy
    bandwidth, verdict; every sandboxed process confined (namespaces, Landlock, seccomp) with CUDA.
 3. Baseline vs itself: the interval must contain 1.0 and the verdict must be not-faster.

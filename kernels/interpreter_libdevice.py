@@ -3,8 +3,8 @@
 Used by kernels/interpreter_fidelity.py: `extern_elementwise(symbol, args, out_dtype, interp)`
 computes one libdevice call elementwise, in the arguments' precision (fp32 `...f` symbols in
 float32, fp64 ones in float64). Approximate GPU variants (`__nv_fast_expf`, ...) are computed
-exactly; symbols not listed here (directed rounding `_rz/_ru/_rd` arithmetic, brev, byte_perm,
-mul24, rcp64h, jn/yn, double2hiint/loint, hiloint2double) raise NotImplementedError.
+exactly (`rcp64h` too: the reciprocal of x's upper 32 bits, kept to its upper 32 bits); symbols not
+listed here (directed rounding `_rz/_ru/_rd` arithmetic) raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -74,6 +74,73 @@ def _fma(interp: Any) -> Callable:
     return fma
 
 
+def _mul24(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The low 32 bits of the product of a's and b's low 24 bits (signed 24-bit values for int32)."""
+    signed = a.dtype.kind == "i"
+
+    def low24(v: np.ndarray) -> np.ndarray:
+        v = v.astype(np.int64) & 0xFFFFFF
+        return (v ^ 0x800000) - 0x800000 if signed else v
+
+    return ((low24(a) * low24(b)) & 0xFFFFFFFF).astype(np.uint32).view(a.dtype)
+
+
+def _brev(x: np.ndarray) -> np.ndarray:
+    bits, u = x.dtype.itemsize * 8, _unsigned(np.ascontiguousarray(x)).astype(np.uint64)
+    out = np.zeros(u.shape, np.uint64)
+    for i in range(bits):
+        out |= ((u >> np.uint64(i)) & np.uint64(1)) << np.uint64(bits - 1 - i)
+    return out.astype(_unsigned(x).dtype).view(x.dtype)
+
+
+def _byte_perm(x: np.ndarray, y: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Byte n of the result is byte (s >> 4n) & 7 of the 8 bytes y:x (x's bytes are 0-3)."""
+    x, y, s = (_unsigned(np.ascontiguousarray(v)).astype(np.uint64) for v in np.broadcast_arrays(x, y, s))
+    wide, out = (y << np.uint64(32)) | x, np.zeros(x.shape, np.uint64)
+    for n in range(4):
+        pick = (s >> np.uint64(4 * n)) & np.uint64(7)
+        out |= ((wide >> (pick * np.uint64(8))) & np.uint64(0xFF)) << np.uint64(8 * n)
+    return out.astype(np.uint32).view(np.int32)
+
+
+def _upper_half(x: np.ndarray) -> np.ndarray:
+    """A float64 with its low 32 bits cleared; subnormals flushed to a signed zero."""
+    x = np.where(np.abs(x) < np.finfo(np.float64).tiny, np.copysign(0.0, x), x)
+    return (np.ascontiguousarray(x).view(np.uint64) & np.uint64(0xFFFFFFFF00000000)).view(np.float64)
+
+
+def _hiint(x: np.ndarray) -> np.ndarray:
+    return (np.ascontiguousarray(x, np.float64).view(np.int64) >> 32).astype(np.int32)
+
+
+def _loint(x: np.ndarray) -> np.ndarray:
+    return (np.ascontiguousarray(x, np.float64).view(np.uint64) & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
+
+
+def _hiloint(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    hi, lo = np.broadcast_arrays(hi, lo)
+    low = np.ascontiguousarray(lo).view(np.uint32).astype(np.uint64)
+    return ((np.ascontiguousarray(hi).astype(np.int64).view(np.uint64) << np.uint64(32)) | low).view(np.float64)
+
+
+def _bessel_n(kind: str, order: int | None = None) -> Callable:
+    """Bessel functions of integer order n (first kind "j", second "y"), through mpmath (sympy's, so torch's):
+    torch's bessel_j0 is off by up to 1e-7 in float64. `order`: a fixed order (j0, y1, ...), else n is the
+    first argument."""
+    def one(n: int, x: float) -> float:
+        import mpmath
+
+        if math.isnan(x) or (kind == "y" and x < 0):
+            return math.nan
+        if math.isinf(x):
+            return 0.0 if x > 0 or kind == "j" else math.nan
+        return float((mpmath.besselj if kind == "j" else mpmath.bessely)(int(n), x))
+
+    if order is not None:
+        return lambda x: np.vectorize(one, otypes=[np.float64])(order, np.asarray(x, np.float64))
+    return lambda n, x: np.vectorize(one, otypes=[np.float64])(np.asarray(n), np.asarray(x, np.float64))
+
+
 def _ilogb(x: np.ndarray) -> np.ndarray:
     return (np.frexp(x)[1] - 1).astype(np.int32)
 
@@ -88,7 +155,7 @@ _FUNCS: dict[str, Callable] = {
     "pow": np.power, "powi": lambda x, n: np.power(x, n.astype(x.dtype)),
     "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "cbrt": np.cbrt, "rcbrt": lambda x: 1 / np.cbrt(x),
     "fsqrt_rn": np.sqrt, "dsqrt_rn": np.sqrt, "frsqrt_rn": lambda x: 1 / np.sqrt(x),
-    "frcp_rn": lambda x: 1 / x, "drcp_rn": lambda x: 1 / x,
+    "frcp_rn": lambda x: 1 / x, "drcp_rn": lambda x: 1 / x, "rcp64h": lambda x: _upper_half(1 / _upper_half(x)),
     "hypot": np.hypot, "rhypot": lambda x, y: 1 / np.hypot(x, y),
     "norm3d": _NORM, "norm4d": _NORM,
     "rnorm3d": lambda *xs: 1 / _NORM(*xs), "rnorm4d": lambda *xs: 1 / _NORM(*xs),
@@ -102,9 +169,9 @@ _FUNCS: dict[str, Callable] = {
     "erfcinv": _torch(lambda x: torch.erfinv(1 - x)), "erfcx": _torch(torch.special.erfcx),
     "normcdf": _torch(torch.special.ndtr), "normcdfinv": _torch(torch.special.ndtri),
     "lgamma": _torch(torch.lgamma), "tgamma": _vec(math.gamma),
-    "j0": _torch(torch.special.bessel_j0), "j1": _torch(torch.special.bessel_j1),
-    "y0": _torch(torch.special.bessel_y0), "y1": _torch(torch.special.bessel_y1),
+    "j0": _bessel_n("j", 0), "j1": _bessel_n("j", 1), "y0": _bessel_n("y", 0), "y1": _bessel_n("y", 1),
     "cyl_bessel_i0": _torch(torch.special.i0), "cyl_bessel_i1": _torch(torch.special.i1),
+    "jn": _bessel_n("j"), "yn": _bessel_n("y"),
     # rounding, classification, arithmetic
     "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "round": _round_half_away,
     "rint": np.rint, "nearbyint": np.rint, "llrint": np.rint, "llround": _round_half_away,
@@ -120,6 +187,7 @@ _FUNCS: dict[str, Callable] = {
     # bit reinterpretation (the output dtype is applied by extern_elementwise with a view)
     "float_as_int": None, "int_as_float": None, "float_as_uint": None, "uint_as_float": None,
     "double_as_longlong": None, "longlong_as_double": None,
+    "double2hiint": _hiint, "double2loint": _loint, "hiloint2double": _hiloint,
     # integers
     "abs": np.abs, "llabs": np.abs, "popc": lambda x: np.bitwise_count(_unsigned(x)),
     "popcll": lambda x: np.bitwise_count(_unsigned(x)), "clz": _clz, "clzll": _clz, "ffs": _ffs, "ffsll": _ffs,
@@ -129,6 +197,7 @@ _FUNCS: dict[str, Callable] = {
     "urhadd": lambda a, b: (a.astype(np.uint64) + b + 1) >> 1,
     "sad": lambda a, b, c: np.abs(a.astype(np.int64) - b) + c,
     "usad": lambda a, b, c: np.abs(a.astype(np.int64) - b) + c,
+    "mul24": _mul24, "umul24": _mul24, "brev": _brev, "brevll": _brev, "byte_perm": _byte_perm,
 }
 _FMA_NAMES = {"fma", "fmaf", "fma_rn", "fmaf_rn"}
 # (float|double)2(int|uint|ll|ull)_<mode>, (int|uint|ll|ull)2(float|double)_rn, double2float_rn

@@ -19,7 +19,7 @@ confined by the operating system (inside/confine.py; inside/guards.py as a secon
 calls the candidate on inputs the judge sends and records its launches (inside/worker.py,
 inside/trace.py) -> a replayer redoes only those launches, which must give the same bits
 (inside/replay.py) -> the judge, in its own process, compares with the reference and times the
-replays A/B with a bootstrap interval (judge/orchestrator.py, judge/decisions.py, judge/timing.py).
+replays A/B with a distribution-free interval of the median (judge/orchestrator.py, judge/decisions.py, judge/timing.py).
 docs/ARCHITECTURE.md has the threat model.
 """
 

@@ -62,7 +62,7 @@ class Verdict:
     correct: bool = False
     accepted: bool = False
     speedup: float | None = None     # median over rounds of baseline time / candidate time
-    speedup_interval: list[float] | None = None  # 95% bootstrap interval of that median
+    speedup_interval: list[float] | None = None  # its 95% order-statistic interval (common/stats.py)
     reason: str = ""
     failure: str | None = None       # one of FAILURES, None when accepted
     stage: str = "static"            # static | load | correctness | timing | done

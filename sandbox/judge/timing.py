@@ -126,6 +126,8 @@ class ABTimer:
         sandbox, run = self.sandbox, self.sandbox.run
         base_runner, base_replayer, base_label = self.baseline_children(spec, timing, v, work)
         sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
+        for child in (base_replayer, replayer):
+            child.cpu_timed = sandbox.options.device != "cuda"
         shape, dtype = timing["shape"], timing["dtype"]
         for r, seeds in enumerate([[0]] + timing["rounds"]):
             run.phase = f"timing round {r}/{len(timing['rounds'])}"

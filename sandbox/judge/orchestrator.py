@@ -329,6 +329,7 @@ class Sandbox:
             replayer = self._replayer(v, spec, source, filename, work / "timing-replayer", load["constants"])
             if replayer is None:
                 return
+            replayer.cpu_timed = self.options.device != "cuda"
             self.timer.time_candidate(spec, plan["timing"], v, work, runner, replayer)
             if v.failure == "timing-incomplete":
                 return  # stopped while timing

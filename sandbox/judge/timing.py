@@ -117,6 +117,7 @@ class ABTimer:
         if not (load["ok"] and rload["ok"]):
             raise Refused("crash", f"the timing baseline ({base_label}) did not load: "
                            f"{str(load['error'] or rload['error'])[:200]}")
+        base_replayer.cpu_timed = sandbox.options.device != "cuda"
         return base_runner, base_replayer, base_label
 
     def time_rounds(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child,
@@ -126,8 +127,6 @@ class ABTimer:
         sandbox, run = self.sandbox, self.sandbox.run
         base_runner, base_replayer, base_label = self.baseline_children(spec, timing, v, work)
         sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
-        for child in (base_replayer, replayer):
-            child.cpu_timed = sandbox.options.device != "cuda"
         shape, dtype = timing["shape"], timing["dtype"]
         for r, seeds in enumerate([[0]] + timing["rounds"]):
             run.phase = f"timing round {r}/{len(timing['rounds'])}"

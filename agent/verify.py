@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from kernelloop.history import History
-from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.device import Device, Fingerprint
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry import Registry
 from kernelloop.kernels.registry.entry import ANY_BUCKET, Entry
@@ -32,7 +32,7 @@ class VerifyResult:
     ok: bool               # still correct and faster than the baseline: the verdict was accepted
     verdict: Verdict       # the sandbox's verdict on the entry now
     rolled_back: bool      # it was not ok on its own device kind and `rollback=True` undid it (a revert commit)
-    device: str = ""       # the device kind it was judged on (fingerprint); "": the entry's own
+    device: Fingerprint = ""  # the device kind it was judged on; "": the entry's own
 
     @property
     def own_kind(self) -> bool:
@@ -58,7 +58,7 @@ def bucket_shape(entry: Entry) -> dict[str, int] | None:
     return None if entry.bucket == ANY_BUCKET else shape_in_bucket(entry.bucket)
 
 
-def _options(entry: Entry, device: str, timeout_s: float | None) -> CheckOptions:
+def _options(entry: Entry, device: Device, timeout_s: float | None) -> CheckOptions:
     get_op(entry.op)
     shape = bucket_shape(entry)
     # the baseline is the op's own kernel, never the entry itself; an entry serves only its own dtype
@@ -66,7 +66,7 @@ def _options(entry: Entry, device: str, timeout_s: float | None) -> CheckOptions
                         timing_dtype=entry.dtype, shapes=(shape,) if shape else (), min_gain=0.0, timeout_s=timeout_s)
 
 
-def _judge_here(registry: Registry, entries: list[Entry], device: str, timeout_s: float | None,
+def _judge_here(registry: Registry, entries: list[Entry], device: Device, timeout_s: float | None,
                 progress: Callable[[str], None]) -> list[tuple[Entry, str, Verdict]]:
     out = []
     for entry in entries:
@@ -76,7 +76,7 @@ def _judge_here(registry: Registry, entries: list[Entry], device: str, timeout_s
     return out
 
 
-def _judge_on_pool(registry: Registry, entries: list[Entry], device: str, timeout_s: float | None,
+def _judge_on_pool(registry: Registry, entries: list[Entry], device: Device, timeout_s: float | None,
                    progress: Callable[[str], None], pool: Any) -> list[tuple[Entry, str, Verdict]]:
     from kernelloop.sandbox.cluster import ClusterJob
 
@@ -90,13 +90,13 @@ def _judge_on_pool(registry: Registry, entries: list[Entry], device: str, timeou
     return [(entry, kind, v) for (entry, kind), v in zip(pairs, verdicts)]
 
 
-def verify_registry(registry: Registry, history: History, device: str, *, rollback: bool = False,
+def verify_registry(registry: Registry, history: History, device: Device, *, rollback: bool = False,
                     timeout_s: float | None = None, progress: Callable[[str], None] = lambda m: None,
                     pool: Any = None) -> list[VerifyResult]:
     """One result per entry of this device, in the registry's order. With a cluster `pool`
     (sandbox/cluster JudgePool): every entry on every device kind the pool has, one result per pair;
     only a regression on the entry's own kind is rolled back."""
-    fingerprint = device_fingerprint(device)
+    fingerprint = device.fingerprint
     entries = [e for e in registry.entries() if pool is not None or e.device == fingerprint]
     judged = (_judge_on_pool(registry, entries, device, timeout_s, progress, pool) if pool is not None
               else _judge_here(registry, entries, device, timeout_s, progress))

@@ -35,7 +35,7 @@ import torch
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton before any kernel module is imported)
 from kernelloop.kernels import OPS, get_op
 from kernelloop.kernels.compare import check_outputs
-from kernelloop.kernels.device import Device, default_device, device_fingerprint, triton_interpreted
+from kernelloop.kernels.device import DEVICES, Device, default_device, triton_interpreted
 from kernelloop.kernels.roofline import Rates, matmul_peak
 from kernelloop.kernels.spec import OpSpec, Shape, dtype_name, parse_dtype
 from kernelloop.kernels.timing import auto_reps, measure_copy_bandwidth, summarize, time_calls
@@ -76,18 +76,13 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
-def measure(fn: Any, device: str, policy: RepPolicy) -> float:
+def measure(fn: Any, device: Device, policy: RepPolicy) -> float:
     """Median seconds per call, reps chosen to fill about `policy.target_s`."""
-    reps, _ = auto_reps(fn, Device.of(device), target_s=policy.target_s, min_reps=policy.min_reps, max_reps=policy.max_reps)
-    return summarize(time_calls(fn, Device.of(device), warmup=max(1, reps // 10), reps=reps))["median"]
+    reps, _ = auto_reps(fn, device, target_s=policy.target_s, min_reps=policy.min_reps, max_reps=policy.max_reps)
+    return summarize(time_calls(fn, device, warmup=max(1, reps // 10), reps=reps))["median"]
 
 
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()  # surfaces asynchronous kernel errors here, inside the try
-
-
-def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: str, policy: RepPolicy, rates: Rates,
+def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: Device, policy: RepPolicy, rates: Rates,
               problems: list[str], inputs: tuple | None = None) -> dict[str, Any]:
     """One table row: check, Triton and torch medians, speedup, GB/s, TFLOP/s, % of roofline, bound.
     `inputs`: the row's seed-0 inputs drawn on the CPU (moved to `device` here); None draws them here."""
@@ -103,20 +98,20 @@ def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: str, polic
             row["check"] = f"{kind}: {text}"[:60]
 
     try:
-        args = to_device(inputs, device) if inputs is not None else spec.make_inputs(shape, dtype, 0, device)
+        args = to_device(inputs, device.torch) if inputs is not None else spec.make_inputs(shape, dtype, 0, device.torch)
     except Exception as exc:
         problem("error in make_inputs", exc)
         return row
     expected = out = None
     try:
         expected = spec.reference(*_fresh(args))
-        _sync(device)
+        device.synchronize()  # surfaces asynchronous kernel errors here, inside the try
     except Exception as exc:
         problem("error in reference", exc)
     forward_ran = False
     try:
         out = spec.forward(*_fresh(args))
-        _sync(device)
+        device.synchronize()  # surfaces asynchronous kernel errors here, inside the try
         forward_ran = True
     except Exception as exc:
         problem("error in forward", exc)
@@ -160,7 +155,7 @@ def bench_one(spec: OpSpec, shape: Shape, dtype: torch.dtype, device: str, polic
     return row
 
 
-def against_torch(spec: OpSpec, args: tuple, expected: Any, dtype: torch.dtype, shape: Shape, device: str,
+def against_torch(spec: OpSpec, args: tuple, expected: Any, dtype: torch.dtype, shape: Shape, device: Device,
                   row: dict[str, Any]) -> Counterpart:
     """The row's torch counterpart (`bench.counterparts`), its output checked against the reference:
     row["torch"] names it, row["torch err/tol"] is its worst error over the op's tolerance (<= 1: within)."""
@@ -172,18 +167,18 @@ def against_torch(spec: OpSpec, args: tuple, expected: Any, dtype: torch.dtype, 
     if cp.checked and expected is not None:
         with cp.context():
             out = cp.output(cp.call())
-        _sync(device)
+        device.synchronize()  # surfaces asynchronous kernel errors here, inside the try
         row["torch err/tol"] = check_outputs(spec, out, expected, dtype, shape=shape).tol_fraction
     return cp
 
 
-def device_rates(device: str, dtypes: Sequence[torch.dtype], copy_bw: float, log: Any) -> dict[torch.dtype, Rates]:
+def device_rates(device: Device, dtypes: Sequence[torch.dtype], copy_bw: float, log: Any) -> dict[torch.dtype, Rates]:
     """The roofline per dtype: this run's copy bandwidth and `kernels.roofline.matmul_peak` (measured
     once per device and dtype, then cached); without a peak, the roofline is the bytes alone."""
     rates = {}
     for dtype in dtypes:
         try:
-            peak = matmul_peak(Device.of(device), dtype)
+            peak = matmul_peak(device, dtype)
         except Exception as exc:
             peak = math.inf
             log(f"matmul peak ({dtype_name(dtype)}) failed: {_error(exc)}; roofline from bytes only")
@@ -192,11 +187,11 @@ def device_rates(device: str, dtypes: Sequence[torch.dtype], copy_bw: float, log
     return rates
 
 
-def run_notes(device: str, policy: RepPolicy, rates: dict[torch.dtype, Rates], engine: bool,
+def run_notes(device: Device, policy: RepPolicy, rates: dict[torch.dtype, Rates], engine: bool,
               args: argparse.Namespace, dtypes: list[torch.dtype]) -> list[str]:
     """What the columns mean and how they were measured."""
     timing = ("CUDA events around each call after a 256 MB L2 flush outside the timed region"
-              if device == "cuda" else "time.perf_counter per call")
+              if not device.interpreted else "time.perf_counter per call")
     peaks = ", ".join(f"{dtype_name(d)} {r.flops_per_s / 1e12:.1f}" for d, r in rates.items())
     copy_bw = next(iter(rates.values())).bytes_per_s if rates else 0.0
     return [
@@ -262,13 +257,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    device = args.device or default_device().kind
+    device = DEVICES[args.device] if args.device else default_device()
     if args.rehearse and step_device(True, "bench.baselines") is None:
         return 2
-    if device == "cuda" and (not torch.cuda.is_available() or triton_interpreted()):
+    if not device.interpreted and (not torch.cuda.is_available() or triton_interpreted()):
         print("bench.baselines: --device cuda needs a CUDA device and TRITON_INTERPRET unset", file=sys.stderr)
         return 2
-    if device == "cpu" and not triton_interpreted():
+    if device.interpreted and not triton_interpreted():
         print("bench.baselines: --device cpu needs TRITON_INTERPRET=1 on a machine with CUDA", file=sys.stderr)
         return 2
     try:
@@ -278,9 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         print(f"bench.baselines: {exc}", file=sys.stderr)
         return 2
-    engine = device == "cuda" and not args.quick
-    policy = CUDA_POLICY if device == "cuda" else CPU_POLICY
-    fingerprint = device_fingerprint(device)
+    engine = not device.interpreted and not args.quick
+    policy = CPU_POLICY if device.interpreted else CUDA_POLICY
+    fingerprint = device.fingerprint
     plan = plan_rows(specs, dtypes, engine, args.max_shapes_per_op)
     jobs = [i for i, (spec, _, dtype) in enumerate(plan) if dtype in spec.dtypes]
 
@@ -290,10 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     # Workers start drawing the first rows' inputs now, while the device is set up and measured.
     prefetch = InputPrefetcher([plan[i] for i in jobs], workers=args.input_workers) if args.input_workers > 0 else None
-    device_facts(device)  # cached now, while the device is surely healthy
+    device_facts(device.torch)  # cached now, while the device is surely healthy
     log(f"device {fingerprint}; {len(plan)} rows; measuring copy bandwidth and matmul peaks")
     try:
-        copy_bw = measure_copy_bandwidth(Device.of(device))
+        copy_bw = measure_copy_bandwidth(device)
     except Exception as exc:  # no bandwidth side of the roofline then, but the rest of the table still counts
         copy_bw = 0.0
         log(f"copy bandwidth measurement failed: {_error(exc)}")
@@ -305,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{args.time_budget_s:.0f} s time budget."]
         notes += [f"problem: {p}" for p in problems]
         title = f"Baseline Triton kernels vs torch on {fingerprint}"
-        return write_report("baselines", title, rows, device=device, notes=notes, out_dir=args.out_dir)
+        return write_report("baselines", title, rows, device=device.torch, notes=notes, out_dir=args.out_dir)
 
     rows: list[dict[str, Any]] = []
     problems: list[str] = []

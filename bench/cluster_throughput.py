@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernelloop.kernels.device import CPU, DEVICES
 from kernelloop.sandbox import CheckOptions, Sandbox
 from kernelloop.sandbox.cluster import ClusterJob, ClusterUnavailable, JudgePool
 from kernelloop.sandbox.cluster.session import import_ray, keep_loopback
@@ -54,7 +55,7 @@ def judge_local(sources: list[str], options: CheckOptions) -> dict[str, float]:
 
 def judge_pool(address: str, workers: int, sources: list[str], options: CheckOptions) -> dict[str, float]:
     jobs = [ClusterJob("rmsnorm", s, f"variant-{i}.py", options) for i, s in enumerate(sources)]
-    with JudgePool(address, device=options.device.kind, workers=workers) as pool:
+    with JudgePool(address, device=options.device, workers=workers) as pool:
         arrivals: list[float] = []
 
         def arrived(i: int, v: object) -> None:
@@ -78,29 +79,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rehearse", action="store_true", help="2 candidates on the CPU: the code path only")
     parser.add_argument("--out-dir", type=Path, default=None, help="report folder (default docs/benchmarks)")
     args = parser.parse_args(argv)
-    device = "cpu" if args.rehearse else args.device
+    device = CPU if args.rehearse else DEVICES[args.device]
     try:
         ray = import_ray()
     except ClusterUnavailable as exc:
         print(f"skipped: {exc}")
         return 0
     gpus = 0
-    if device == "cuda":
+    if not device.interpreted:
         import torch
 
         gpus = torch.cuda.device_count()
         if gpus < 1:
-            print("skipped: --device cuda and no GPU here")
+            print(f"skipped: --device {device} and no GPU here")
             return 0
     sources = candidate_stream(2 if args.rehearse else args.candidates)
     options = CheckOptions(device=device, registry=Path("/nonexistent-kernelloop-registry"), timing=args.timing,
                            dtypes=("float32",), seed=1, batch_invariance=False, timeout_s=600)
     results = {"local judge": judge_local(sources, options)}
-    pools = (1, 2) if device == "cpu" else sorted({1, gpus})  # on cuda: one actor per GPU
+    pools = (1, 2) if device.interpreted else sorted({1, gpus})  # on cuda: one actor per GPU
     temp = Path(tempfile.mkdtemp(prefix="klray-", dir="/tmp"))  # Ray's socket paths must stay short
     try:
         keep_loopback()
-        ray.init(num_cpus=2 if device == "cpu" else max(2, gpus), include_dashboard=False,
+        ray.init(num_cpus=2 if device.interpreted else max(2, gpus), include_dashboard=False,
                  _node_ip_address="127.0.0.1", _temp_dir=str(temp), log_to_driver=False, configure_logging=False)
         address = ray.get_runtime_context().gcs_address
         for workers in pools:
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "Cluster: a one-node Ray cluster started by the benchmark on 127.0.0.1 (num_cpus=2, dashboard off); "
         "each actor (num_cpus=1) builds its Sandbox, fork server included, on its first job, as the local "
         "judge does: each stream's wall time includes that start, not the actors' own start.",
-        f"{most} / 1 actor: **{ratio:.2f}x**" + (f" (target on 2 idle cores: >= {TARGET_RATIO}x)." if device == "cpu" else "."),
+        f"{most} / 1 actor: **{ratio:.2f}x**" + (f" (target on 2 idle cores: >= {TARGET_RATIO}x)." if device.interpreted else "."),
         f"Cluster overhead per candidate: **{overhead * 100:+.1f}%** of a local check (1 actor's steady "
         f"seconds per candidate vs the local judge's; target <= {TARGET_OVERHEAD * 100:.0f}%).",
         "The `load avg` column: the 1-minute load average, mean of its value before and after each stream "
@@ -138,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
            "idle-machine figures the targets name." if max(r["load"] for r in results.values()) > 2.6 else ""),
     ]
     path = write_report("cluster-throughput", "Cluster judge throughput: local judge vs 1 and 2 Ray actors",
-                        rows, device=device, notes=notes, out_dir=args.out_dir,
-                        interpreter_timings=device == "cpu")
+                        rows, device=device.torch, notes=notes, out_dir=args.out_dir,
+                        interpreter_timings=device.interpreted)
     print(f"wrote {path}")
     return 0
 

@@ -32,7 +32,7 @@ from kernelloop.engine.scheduler import SchedulerConfig
 from kernelloop.kernels.device import Device
 from kernelloop.kernels.timing import measure_copy_bandwidth
 
-from bench.rehearse import TINY_LLAMA, step_device, synchronize
+from bench.rehearse import TINY_LLAMA, step_device
 from bench.report import print_table, write_report
 
 LLAMA3_8B = {
@@ -92,12 +92,12 @@ def engine_decode(engine: Engine, batch: int, prompt_len: int, new_tokens: int) 
     start = time.perf_counter()
     while any(not r.output_ids for r in reqs):  # prefill
         engine.step()
-    synchronize(engine.device)
+    engine.config.device.synchronize()
     decode_start = time.perf_counter()
     before = sum(len(r.output_ids) for r in reqs)
     while engine.has_work():
         engine.step()
-    synchronize(engine.device)
+    engine.config.device.synchronize()
     end = time.perf_counter()
     decoded = sum(len(r.output_ids) for r in reqs) - before
     for r in reqs:
@@ -106,17 +106,17 @@ def engine_decode(engine: Engine, batch: int, prompt_len: int, new_tokens: int) 
             "total_tokens": batch * new_tokens}
 
 
-def hf_generate(model, batch: int, prompt_len: int, new_tokens: int, device: str = "cuda") -> float:
+def hf_generate(model, batch: int, prompt_len: int, new_tokens: int, device: Device) -> float:
     g = torch.Generator().manual_seed(batch)
-    ids = torch.randint(10, min(100000, model.config.vocab_size), (batch, prompt_len), generator=g).to(device)
+    ids = torch.randint(10, min(100000, model.config.vocab_size), (batch, prompt_len), generator=g).to(device.torch)
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         model.generate(ids[:, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm-up
-    synchronize(device)
+    device.synchronize()
     start = time.perf_counter()
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-    synchronize(device)
+    device.synchronize()
     return time.perf_counter() - start
 
 
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = TINY_LLAMA if args.rehearse else LLAMA3_8B
     shape_name = "tiny Llama (rehearsal)" if args.rehearse else "Llama-3-8B shape"
     batches = [int(b) for b in args.batches.split(",")]
-    copy_bw = measure_copy_bandwidth(Device.of(device))
+    copy_bw = measure_copy_bandwidth(device)
     rows: list[dict[str, Any]] = []
     state: dict[str, Any] = {"variants": None, "weight_bytes": None, "step_bytes": {}, "hf_missing": None}
 
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             notes.append("variants that served each op: "
                          + "; ".join(f"{op}: {', '.join(v)}" for op, v in sorted(state["variants"].items())))
         notes += [state["hf_missing"]] if state["hf_missing"] else []
-        return write_report("engine-decode", f"Engine decode throughput, {shape_name}, bfloat16", rows, device=device,
+        return write_report("engine-decode", f"Engine decode throughput, {shape_name}, bfloat16", rows, device=device.torch,
                             notes=notes, out_dir=args.out_dir)
 
     def bound(b: int) -> float:
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             write(f"PARTIAL: stopped after the engine at batch {b}")
         del engine
         gc.collect()
-        if device == "cuda":
+        if not device.interpreted:
             torch.cuda.empty_cache()
     if not args.no_hf:
         try:  # the comparison is optional: a machine without transformers keeps the rows measured above
@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             state["hf_missing"] = f"transformers not importable ({exc}); its rows are missing"
             print(f"{STEP}: {state['hf_missing']}", file=sys.stderr)
     if not args.no_hf and state["hf_missing"] is None:
-        with torch.device(device):
+        with device.torch:
             hf = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16).eval()
         for b in batches:
             print(f"transformers, batch {b} ...", file=sys.stderr, flush=True)

@@ -25,7 +25,7 @@ def default_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def to_device(args: tuple, device: str) -> tuple:
+def to_device(args: tuple, device: torch.device) -> tuple:
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 

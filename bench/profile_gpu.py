@@ -72,14 +72,14 @@ def table(profile: dict[str, Any]) -> list[dict[str, Any]]:
             for r in profile["rows"]]
 
 
-def problems(profile: dict[str, Any], device: str, kernels_mode: str) -> list[str]:
+def problems(profile: dict[str, Any], device: Device, kernels_mode: str) -> list[str]:
     """What makes this step fail: no profile, a partial one, ops not timed by the replay, a fallback."""
     out = []
     if not profile["rows"]:
         out.append("the profile has no rows")
     if profile["partial"]:
         out.append(f"the profile is partial: {profile['partial_reason']}")
-    expected = replay_timing(Device.of(device))
+    expected = replay_timing(device)
     ops = [r for r in profile["rows"] if r["kind"] == "op"]
     if not ops:
         out.append("no op of the library ran")
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     notes += [f"problem: {p}" for p in found]
 
     def write(ncu_note: str, status: str = "") -> Path:
-        return write_report("engine-profile", f"Engine op profile ({shape_name}, bf16)", rows, device=device,
+        return write_report("engine-profile", f"Engine op profile ({shape_name}, bf16)", rows, device=device.torch,
                             notes=([status] if status else []) + notes + [ncu_note], out_dir=args.out_dir)
 
     path = write("ncu: pending", "PARTIAL: written before ncu ran")

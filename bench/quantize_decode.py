@@ -30,7 +30,7 @@ from kernelloop.agent.local_engine import LocalEngine
 from kernelloop.agent.quantize.alternatives import plan_bytes_saved
 from kernelloop.agent.quantize.apply import Judged, scoped_entries
 from kernelloop.engine.scheduler import SchedulerConfig
-from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.device import Fingerprint
 from kernelloop.kernels.ops import baseline_source
 from kernelloop.kernels.quant import scheme
 from kernelloop.kernels.registry import Registry
@@ -57,13 +57,13 @@ def newest_selection(folder: Path = DEFAULT_OUT_DIR) -> Path | None:
     return found[-1] if found else None
 
 
-def commit_plan(registry: Registry, plan: dict[str, str], device: str, dtype: str) -> tuple[str, str]:
+def commit_plan(registry: Registry, plan: dict[str, str], fingerprint: Fingerprint, dtype: str) -> tuple[str, str]:
     """(the commit with no selection, the commit with `plan`): entries as `agent quantize` writes them, the
     schemes' baseline kernels (judged by the sandbox steps and tests, not here: this step measures speed)."""
     unjudged = SimpleNamespace(batch_invariant=None)
     judged = {name: Judged(scheme(name), baseline_source(scheme(name).op), unjudged) for name in set(plan.values())}
-    none = registry.replace_scoped(device, dtype, [], "no selection")
-    return none, registry.replace_scoped(device, dtype, scoped_entries(plan, judged, device, dtype),
+    none = registry.replace_scoped(fingerprint, dtype, [], "no selection")
+    return none, registry.replace_scoped(fingerprint, dtype, scoped_entries(plan, judged, fingerprint, dtype),
                                          f"{STEP}: {len(plan)} projections")
 
 
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan, source = json.loads(path.read_text())["plan"], path.name
     with tempfile.TemporaryDirectory() as tmp:
         registry = Registry(Path(tmp) / "registry")
-        fingerprint = device_fingerprint(device)
+        fingerprint = device.fingerprint
         unquantized, quantized = commit_plan(registry, plan, fingerprint, dtype)
         model = None if args.rehearse else str(write_model_dir(Path(tmp), SMOLLM2_135M))
         # rehearsal: the ops outside the selection by their torch references, so the interpreter runs only the
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 "NOT their registry kernels: " + "; ".join(bad)),
     ]
     path = write_report("quantize-decode", f"Decode at batch 1: a quantization selection vs unquantized ({shape})",
-                        rows, device=device, notes=notes, out_dir=args.out_dir)
+                        rows, device=device.torch, notes=notes, out_dir=args.out_dir)
     print(f"wrote {path}")
     if bad:
         print(f"{STEP}: quantized projections not served by their registry kernels: {'; '.join(bad[:3])}",

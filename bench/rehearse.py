@@ -1,7 +1,7 @@
 """What every GPU step shares for `--rehearse`: the same Python path on CPU, interpreted, at tiny shapes.
 
 A GPU is lent for minutes and `bench/gpu_check.sh` gets one try, so each GPU step takes `--rehearse`:
-the step runs exactly its GPU code path with `device="cpu"` (Triton's interpreter) and the shapes
+the step runs exactly its GPU code path on the CPU device (Triton's interpreter) and the shapes
 below, so a step that would crash on the GPU crashes in CI first. Rehearsal numbers time the
 interpreter and say nothing about a GPU; their reports are labelled `cpu-interpreter`.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kernelloop.kernels.device import triton_interpreted
+from kernelloop.kernels.device import CPU, CUDA, Device, triton_interpreted
 
 # A Llama-architecture model small enough for the interpreter, shaped like the real ones: GQA
 # (4 query heads over 2 KV heads), head_dim 32, untied embeddings, a byte-level vocabulary.
@@ -29,23 +29,17 @@ TINY_LLAMA = {
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
-def step_device(rehearse: bool, step: str) -> str | None:
-    """"cuda" for a real run, "cpu" for a rehearsal; None (after one line on stderr) when neither can run."""
+def step_device(rehearse: bool, step: str) -> Device | None:
+    """CUDA for a real run, CPU for a rehearsal; None (after one line on stderr) when neither can run."""
     if rehearse:
         if not triton_interpreted():
             print(f"{step}: --rehearse runs kernels in Triton's interpreter: set TRITON_INTERPRET=1", file=sys.stderr)
             return None
-        return "cpu"
+        return CPU
     if not torch.cuda.is_available():
         print(f"{step}: no CUDA device (use --rehearse to run this step's path on CPU)", file=sys.stderr)
         return None
-    return "cuda"
-
-
-def synchronize(device: str) -> None:
-    """Wait for the device's queued work (a no-op on CPU), so wall clocks and errors land here."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    return CUDA
 
 
 def write_chat_model_dir(path: Path, config: dict) -> Path:

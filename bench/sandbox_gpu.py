@@ -36,12 +36,12 @@ from typing import Any, Callable
 import torch
 
 import kernelloop.kernels.ops  # noqa: F401  (configures Triton)
-from kernelloop.kernels.device import Device
+from kernelloop.kernels.device import CPU, CUDA, Device
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.timing import summarize, time_calls
 from kernelloop.sandbox import CheckOptions, Sandbox, SandboxUnavailable, Verdict, static_check
 
-from bench.rehearse import step_device, synchronize
+from bench.rehearse import step_device
 from bench.report import print_table, write_report
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
@@ -50,13 +50,13 @@ DTYPE = "bfloat16"  # checked and timed; the tune loop, too, checks only the dty
 
 # The "small" (decode) timing shape; the others take the sandbox's default (a mid-size engine shape
 # on CUDA, the costliest test shape on CPU).
-SMALL = {"cuda": {"tokens": 1, "hidden": 4096}, "cpu": {"tokens": 2, "hidden": 256}}
-L2_SHAPE = {"cuda": {"tokens": 4096, "hidden": 4096}, "cpu": {"tokens": 4, "hidden": 256}}
-L2_CALLS = {"cuda": (5, 50), "cpu": (1, 3)}  # (warmup, reps) per flush kind
+SMALL = {CUDA: {"tokens": 1, "hidden": 4096}, CPU: {"tokens": 2, "hidden": 256}}
+L2_SHAPE = {CUDA: {"tokens": 4096, "hidden": 4096}, CPU: {"tokens": 4, "hidden": 256}}
+L2_CALLS = {CUDA: (5, 50), CPU: (1, 3)}  # (warmup, reps) per flush kind
 L2_FLUSHES = (("warm L2", False), ("flush: zero_() (write)", "write"), ("flush: read (sum)", "read"))
-JUDGE_TIMEOUT_S = {"cuda": 60.0, "cpu": 120.0}
+JUDGE_TIMEOUT_S = {CUDA: 60.0, CPU: 120.0}
 # Baseline vs itself: how far the interval may sit from 1.0 (interpreter timings are noisy).
-SELF_SLACK = {"cuda": (0.0, 0.02), "cpu": (0.25, 0.25)}  # (above, below)
+SELF_SLACK = {CUDA: (0.0, 0.02), CPU: (0.25, 0.25)}  # (above, below)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def grouped(cases: tuple[Case, ...] | list[Case]) -> list[Case]:
     return [case for group in order.values() for case in group]
 
 
-def options_for(device: str, small: bool, dtype: str = DTYPE) -> CheckOptions:
+def options_for(device: Device, small: bool, dtype: str = DTYPE) -> CheckOptions:
     return CheckOptions(device=device, registry=NO_REGISTRY, dtypes=(dtype,), timing_dtype=dtype,
                         timing_shape=SMALL[device] if small else None, static_check=False,
                         timeout_s=JUDGE_TIMEOUT_S[device])
@@ -118,7 +118,7 @@ def options_for(device: str, small: bool, dtype: str = DTYPE) -> CheckOptions:
 class Sandboxes:
     """One open Sandbox at a time, for the current timing shape and dtype; a new one only when they change."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: Device) -> None:
         self.device, self.started = device, 0
         self._key: tuple[bool, str] | None = None
         self._sandbox: Sandbox | None = None
@@ -136,7 +136,7 @@ class Sandboxes:
         self._sandbox = self._key = None
 
 
-def case_ok(case: Case, v: Verdict, static_ok: bool, device: str) -> bool:
+def case_ok(case: Case, v: Verdict, static_ok: bool, device: Device) -> bool:
     """What the case must show, on CUDA and on the CPU rehearsal alike."""
     if case.kind == "exploit":  # the side stream may be correct (it is an honest kernel), never accepted
         return not v.accepted and (case.name.endswith("side stream") or not v.correct)
@@ -201,17 +201,17 @@ def run_cases(cases: list[Case], judge: Callable[[Case], tuple[Verdict | None, s
     return ok
 
 
-def l2_rows(device: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def l2_rows(device: Device) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The baseline rmsnorm timed after each kind of flush (CPU: no flush, the path only)."""
     rms, shape = get_op("rmsnorm"), L2_SHAPE[device]
-    inputs = rms.make_inputs(shape, torch.bfloat16, 0, device)
+    inputs = rms.make_inputs(shape, torch.bfloat16, 0, device.torch)
     warmup, reps = L2_CALLS[device]
     rows, medians = [], {}
     for label, flush in L2_FLUSHES:
-        medians[label] = summarize(time_calls(lambda: rms.forward(*inputs), Device.of(device), warmup=warmup, reps=reps,
+        medians[label] = summarize(time_calls(lambda: rms.forward(*inputs), device, warmup=warmup, reps=reps,
                                               flush_l2=flush))["median"]
-        synchronize(device)
-        mode = "cuda events" if device == "cuda" else "wall clock (cpu-interpreter: no L2, nothing flushed)"
+        device.synchronize()
+        mode = "wall clock (cpu-interpreter: no L2, nothing flushed)" if device.interpreted else "cuda events"
         rows.append({"case": f"L2: {label}", "op": "rmsnorm", "shape": ",".join(f"{k}={x}" for k, x in shape.items()),
                      "mode": mode, "baseline us": f"{medians[label] * 1e6:.1f}", "candidate us": "-", "speedup": "-",
                      "% copy bw": "-", "static": "-", "verdict": "-", "check": "ok"})
@@ -219,7 +219,7 @@ def l2_rows(device: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
     return rows, medians
 
 
-def l2_note(device: str, medians: dict[str, float]) -> str:
+def l2_note(device: Device, medians: dict[str, float]) -> str:
     if not medians:
         return "L2 flush: not measured (see the L2 row)."
     warm, write, read = (medians[label] for label, _ in L2_FLUSHES)
@@ -227,7 +227,7 @@ def l2_note(device: str, medians: dict[str, float]) -> str:
     text = (f"L2 flush: rmsnorm {shape} bf16 median {warm * 1e6:.1f} us with a warm L2, {write * 1e6:.1f} us after "
             f"zero_() of 256 MB (kernels.timing's default, and the sandbox replayer's), {read * 1e6:.1f} us after a "
             f"read-only flush (int64 sum of the same 256 MB); zero_()/read = {write / max(read, 1e-12):.3f}")
-    if device != "cuda":
+    if device.interpreted:
         return text + " (CPU rehearsal: nothing is flushed; the numbers time the interpreter and mean nothing here)."
     return text + ": above 1, the timed kernel pays for writing back the zero_() flush's dirty lines."
 
@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             l2_note(device, medians),
             "Timing: interleaved A/B rounds, fresh inputs for every timed call, each call checked; the timed part is "
             "the replay of the call's recorded launches in a process where no candidate Python runs, "
-            + ("CUDA events after a 256 MB zero_() L2 flush." if device == "cuda" else
-               "the replayer's CPU time, read by the judge from /proc (cpu-interpreter)."),
+            + ("the replayer's CPU time, read by the judge from /proc (cpu-interpreter)." if device.interpreted else
+               "CUDA events after a 256 MB zero_() L2 flush."),
             f"Checked and timed in {DTYPE}; every case judged with the sandbox's static check off (the `static` column "
             "is that check, run by the judge: honest cases must pass it, exploits are judged past it); "
             f"{sandboxes.started} sandbox(es) (fork servers) started, one per timing shape.",
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             f"wall time {time.perf_counter() - start:.0f} s.",
         ]
         return write_report("sandbox-gpu", "Sandbox on the GPU: timing modes, variants, exploits", rows,
-                            device=device, notes=notes, out_dir=args.out_dir)
+                            device=device.torch, notes=notes, out_dir=args.out_dir)
 
     try:
         l2, medians = l2_rows(device)

@@ -34,12 +34,13 @@ from kernelloop.agent.loop.graph import run_tune
 from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.history import History
+from kernelloop.kernels.device import CPU, CUDA
 from kernelloop.kernels.registry import Registry
 from kernelloop.sandbox import CheckOptions, Sandbox
 
 from bench.baselines import gpu_order
 from bench.engine_gpu import LLAMA3_8B
-from bench.rehearse import TINY_LLAMA, step_device, synchronize, write_chat_model_dir
+from bench.rehearse import TINY_LLAMA, step_device, write_chat_model_dir
 from bench.report import print_table, write_report
 
 
@@ -62,13 +63,13 @@ PLANS = {
     # (the sandbox's 15 timing rounds), and with a winner the gate: 4 prompts x 6 tokens measured before,
     # after, and 3 rounds alternating the registry commits before and after; the runaway check's 3 prompts x
     # (greedy, seeded) x 256 tokens before and after (~2 x 256 decode steps at batch 6).
-    "cuda": Plan(LLAMA3_8B, "Llama-3-8B shape", ops="rmsnorm", candidates=3, profile_requests=8,
+    CUDA: Plan(LLAMA3_8B, "Llama-3-8B shape", ops="rmsnorm", candidates=3, profile_requests=8,
                  sandbox_timeout_s=60, gate=GateConfig(prompts=GATE_PROMPTS, max_tokens=6)),
     # The interpreter: the profile's hottest rmsnorm shape is a prefill of hundreds of rows, about a
     # second a call, so the sandbox times 3 rounds, not 7 (a candidate then takes ~30 s, not ~100 s);
     # two candidates, so that (the second, multirow, is faster in the interpreter) the gate, commit and
     # reload run too.
-    "cpu": Plan(TINY_LLAMA, "tiny Llama (bench.rehearse)", ops="rmsnorm", candidates=2, profile_requests=1,
+    CPU: Plan(TINY_LLAMA, "tiny Llama (bench.rehearse)", ops="rmsnorm", candidates=2, profile_requests=1,
                 sandbox_timeout_s=240, sandbox_rounds=3,
                 gate=GateConfig(prompts=GATE_PROMPTS[:2], max_tokens=3, runaway_tokens=16,
                                 invariance_tokens=3, invariance_batch=4)),
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             f"pass: {'yes' if passed(rows) else 'no'} (every op a winner, or no winner with a candidate judged "
             f"correct); wall time {time.perf_counter() - start:.0f} s.",
         ]
-        return write_report("agent-tune", "agent tune on the GPU (search proposer)", rows, device=device,
+        return write_report("agent-tune", "agent tune on the GPU (search proposer)", rows, device=device.torch,
                             notes=notes, out_dir=args.out_dir)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                                         profile_requests=plan.profile_requests,
                                         sandbox_timeout_s=plan.sandbox_timeout_s)
                 row = _row(op, run_tune(settings, ctx))
-                synchronize(device)
+                device.synchronize()
                 row["correct candidates"] = sum(bool(a["correct"]) for a in history.attempts(op=op))
                 return row
 

@@ -17,7 +17,8 @@ from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-INTERPRETER = "cpu-interpreter"  # kernels.device.CPU_INTERPRETER, without importing torch
+from kernelloop.kernels.device import CPU_INTERPRETER as INTERPRETER
+
 INTERPRETER_NOTE = "measured on cpu-interpreter (Triton's CPU interpreter): not GPU figures"
 ACCEPTED_COLOR = "#2e7d32"
 # failure colours: tab20 without its greens, so "accepted" stays the only green

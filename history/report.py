@@ -19,6 +19,7 @@ from kernelloop.history.queries import attempt_time, outcome
 from kernelloop.history.report_audit import AUDIT_ROWS, audit_section
 from kernelloop.history.report_quantize import quantize_section
 from kernelloop.history.store import History
+from kernelloop.kernels.device import Fingerprint
 from kernelloop.kernels.display import safe_text
 
 REPORT_NAME = "kernelloop-report.html"
@@ -96,7 +97,7 @@ def _ms(value: float | None) -> str:
     return "" if value is None else f"{value / 1000:.1f} s" if value >= 1000 else f"{value:.1f} ms"
 
 
-def _badge(device: str | None, badge: str = INTERPRETER_BADGE) -> str:
+def _badge(device: Fingerprint | None, badge: str = INTERPRETER_BADGE) -> str:
     return badge if device == INTERPRETER else ""
 
 

@@ -9,6 +9,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from kernelloop.history.charts import INTERPRETER, OP_COLORS, _figure, _png, _title
+from kernelloop.kernels.device import Fingerprint
 
 
 def sensitivity_chart(sens: Sequence[Mapping[str, Any]], plan: Mapping[str, str]) -> bytes | None:
@@ -98,7 +99,7 @@ def quantize_section(events: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _gate(events: Sequence[Mapping[str, Any]], sha: str | None, device: str) -> str:
+def _gate(events: Sequence[Mapping[str, Any]], sha: str | None, device: Fingerprint) -> str:
     if not sha:
         return '<p class="meta">not committed (no gate)</p>'
     gates = [e for e in events if e.get("kind") == "gate" and e.get("commit_sha") == sha]

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 CPU_INTERPRETER = "cpu-interpreter"
 
+# A device kind as records keep it (registry entries, verdicts, profiles, history rows): `cpu-interpreter`
+# or a GPU's name and compute capability, e.g. "NVIDIA H200 sm90". Code that acts on a device takes a Device.
+Fingerprint = str
+
 
 def configure_triton() -> None:
     """Use the Triton interpreter when there is no CUDA device, unless the user chose already;

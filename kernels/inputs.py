@@ -48,7 +48,7 @@ def split_rows(rows: int) -> tuple[int, int]:
     return b, rows // b
 
 
-def lay_out_rows(t: torch.Tensor, dtype: torch.dtype, device: str, layout: str | None, pad: int = 7) -> torch.Tensor:
+def lay_out_rows(t: torch.Tensor, dtype: torch.dtype, device: torch.device | str, layout: str | None, pad: int = 7) -> torch.Tensor:
     """A [rows, N] tensor in dtype on device, laid out as named: None, contiguous [rows, N]; "3d", a
     contiguous [b, t, N] view; "strided", the first N columns of a [rows, N + pad] buffer whose other
     columns are NaN (a row stride > N, as a slice of a fused projection's output). Built on CPU and

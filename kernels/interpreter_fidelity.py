@@ -34,9 +34,8 @@ Still different from compiled Triton (documented in docs/interpreter.md):
   products come within a few fp32 ulps), accumulation order is BLAS's, fp8 dots go through fp16,
   and max_num_imprecise_acc is ignored.
 * Summation order of reductions is a pairwise tree, not the GPU's per-thread / warp-shuffle order.
-* libdevice approximations (`fast_expf`, `fast_fdividef`, ...) are computed exactly; directed
-  rounding variants (`*_rz`, `*_ru`, `*_rd` arithmetic), `brev`, `byte_perm`, `mul24`, `rcp64h`,
-  `jn`/`yn`, `double2hiint`/`loint`/`hiloint2double` raise NotImplementedError.
+* libdevice approximations (`fast_expf`, `fast_fdividef`, `rcp64h`, ...) are computed exactly;
+  directed rounding variants (`*_rz`, `*_ru`, `*_rd` arithmetic) raise NotImplementedError.
 * fp8 conversions keep the interpreter's own (round-half-up) code; fp64->bf16 rounds via fp32.
 * bf16 atomics, bf16 printing and `bool()` of a bf16 scalar still see raw bits; atomics are
   sequential (no races, no ordering effects); ints equal to 1 are not specialised to constexpr;

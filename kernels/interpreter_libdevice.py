@@ -127,7 +127,7 @@ def _bessel_n(kind: str, order: int | None = None) -> Callable:
     """Bessel functions of integer order n (first kind "j", second "y"), through mpmath (sympy's, so torch's):
     torch's bessel_j0 is off by up to 1e-7 in float64. `order`: a fixed order (j0, y1, ...), else n is the
     first argument."""
-    def one(n: int, x: float) -> float:
+    def one(n: float, x: float) -> float:
         import mpmath
 
         if math.isnan(x) or (kind == "y" and x < 0):
@@ -136,9 +136,7 @@ def _bessel_n(kind: str, order: int | None = None) -> Callable:
             return 0.0 if x > 0 or kind == "j" else math.nan
         return float((mpmath.besselj if kind == "j" else mpmath.bessely)(int(n), x))
 
-    if order is not None:
-        return lambda x: np.vectorize(one, otypes=[np.float64])(order, np.asarray(x, np.float64))
-    return lambda n, x: np.vectorize(one, otypes=[np.float64])(np.asarray(n), np.asarray(x, np.float64))
+    return _vec(one) if order is None else _vec(lambda x: one(order, x))
 
 
 def _ilogb(x: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ class Job(TypedDict):
 
     role: Literal["run", "replay", "compile"]
     op: str
-    device: str
+    device: str  # the Device's kind ("cpu", "cuda"); the child takes Device.of(it)
     source: str | None  # None: the op's own (trusted) baseline kernel
     filename: str
     constants: dict[str, Any]  # the runner's Load.constants, for the replayer and the compile process

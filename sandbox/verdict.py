@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kernelloop.kernels.device import Fingerprint
 from kernelloop.kernels.display import safe_text
 
 # Codes of `Verdict.failure`, in the order a run can reach them.
@@ -56,7 +57,7 @@ class Check:
 @dataclass
 class Verdict:
     op: str
-    device: str                      # device fingerprint, e.g. "cpu-interpreter", "NVIDIA H200 sm90"
+    device: Fingerprint              # e.g. "cpu-interpreter", "NVIDIA H200 sm90"
     file: str
     sha256: str
     correct: bool = False

@@ -321,14 +321,18 @@ def test_tune_batch_invariant_lets_only_proved_invariant_winners_through() -> No
     assert winners(judged[:2], batch_invariant=True) == []
 
 
-def test_the_proposers_aim_for_batch_invariance_when_asked() -> None:
+def test_the_proposers_aim_for_batch_invariance_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
+
+    from kernelloop.kernels import device
+
+    monkeypatch.setattr(device, "_fingerprint", lambda kind: "NVIDIA H200 sm90")  # the prompt names the GPU
 
     from kernelloop.agent.proposers.base import TuneContext
     from kernelloop.agent.proposers.prompts import BATCH_INVARIANT_RULE, task_prompt
     from kernelloop.agent.proposers.search import SearchProposer, config_of, parse_header
 
-    ctx = TuneContext(spec=get_op("rmsnorm"), dtype="float32", device="cuda", shapes=tuple(get_op("rmsnorm").test_shapes[2:4]),
+    ctx = TuneContext(spec=get_op("rmsnorm"), dtype="float32", device=CUDA, shapes=tuple(get_op("rmsnorm").test_shapes[2:4]),
                       best_source=None, baseline_source="", roofline={}, failures=())
     assert BATCH_INVARIANT_RULE not in task_prompt(dataclasses.replace(ctx, baseline_source="x"))
     assert BATCH_INVARIANT_RULE in task_prompt(dataclasses.replace(ctx, baseline_source="x", batch_invariant=True))

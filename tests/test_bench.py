@@ -164,13 +164,13 @@ def test_bench_one_reports_broken_kernels_instead_of_raising():
         return spec.forward(x, weight, eps) + 1
 
     problems: list[str] = []
-    row = bench_one(dataclasses.replace(spec, forward=raises), shape, torch.float32, "cpu", CPU_POLICY, rates, problems)
+    row = bench_one(dataclasses.replace(spec, forward=raises), shape, torch.float32, CPU, CPU_POLICY, rates, problems)
     assert row["check"].startswith("error in forward: RuntimeError: boom") and row["triton us"] is None
     assert row["torch us"] > 0 and row["torch"] == "torch eager (the reference)" and len(problems) == 1
-    row = bench_one(dataclasses.replace(spec, forward=wrong), shape, torch.float32, "cpu", CPU_POLICY, rates, problems)
+    row = bench_one(dataclasses.replace(spec, forward=wrong), shape, torch.float32, CPU, CPU_POLICY, rates, problems)
     assert row["check"].startswith("FAIL") and row["triton us"] > 0 and row["speedup"] > 0
     inputs = spec.make_inputs(shape, torch.float32, 0, "cpu")
-    row = bench_one(spec, shape, torch.float32, "cpu", CPU_POLICY, rates, problems, inputs)
+    row = bench_one(spec, shape, torch.float32, CPU, CPU_POLICY, rates, problems, inputs)
     assert row["check"] == "ok" and row["% roofline"] > 0 and row["bound"] == "memory" and len(problems) == 2
 
 
@@ -183,7 +183,7 @@ def test_bench_one_times_linear_against_f_linear_and_the_flop_roofline():
     shape = {"tokens": 17, "n": 48, "k": 160}
     problems: list[str] = []
     slow_math = Rates(bytes_per_s=1e12, flops_per_s=1e6)  # a roofline set by the FLOPs
-    row = bench_one(spec, shape, torch.float32, "cpu", CPU_POLICY, slow_math, problems)
+    row = bench_one(spec, shape, torch.float32, CPU, CPU_POLICY, slow_math, problems)
     assert not problems and row["check"] == "ok" and row["torch"] == "F.linear (CPU)"
     assert row["bound"] == "compute" and row["torch err/tol"] < 1 and row["TFLOP/s"] > 0
     cost = spec.cost(shape, torch.float32)

@@ -16,7 +16,7 @@ import kernelloop.profiler.ncu as ncu
 from kernelloop.engine.engine import Engine, EngineConfig
 from kernelloop.engine.recorder import Recorder, interpolate, replay_op_seconds
 from kernelloop.engine.scheduler import SchedulerConfig
-from kernelloop.kernels.device import CPU
+from kernelloop.kernels.device import CPU, CUDA
 from kernelloop.kernels.dispatch import Dispatcher
 from kernelloop.kernels.ops import OPS
 from kernelloop.kernels.quant import SCHEME_OF_OP
@@ -200,10 +200,10 @@ def test_profile_with_replayed_op_times_and_the_steps_checks(tiny_engine):
     assert profile["op_timing"] == "cpu-wall-replay" and profile["region_timing"] == "cpu-wall"
     assert all(r["timing"] == "cpu-wall-replay" and r["in_run_s"] > 0 for r in ops)
     assert sum(r["share"] for r in profile["rows"]) == pytest.approx(1.0)
-    assert profile_gpu.problems(profile, "cpu", "reference") == []
-    fallen = profile_gpu.problems(profile, "cpu", "baseline")  # reference variants served: a fallback
+    assert profile_gpu.problems(profile, CPU, "reference") == []
+    fallen = profile_gpu.problems(profile, CPU, "baseline")  # reference variants served: a fallback
     assert len(fallen) == 1 and "fell back to the reference" in fallen[0]
-    assert any("cuda-kernel-replay" in p for p in profile_gpu.problems(profile, "cuda", "reference"))
+    assert any("cuda-kernel-replay" in p for p in profile_gpu.problems(profile, CUDA, "reference"))
     rows = profile_gpu.table(profile)
     assert {"timing", "in-run us", "mean us"} <= set(rows[0])
     assert tiny_engine.recorder is None and tiny_engine.kernels.observer is None

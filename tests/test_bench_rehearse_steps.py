@@ -79,7 +79,7 @@ def test_baselines_quick_rows_are_test_shapes():
 
 
 def test_tune_gpu_plans_fit_the_step():
-    gpu, cpu = tune_gpu.PLANS["cuda"], tune_gpu.PLANS["cpu"]
+    gpu, cpu = tune_gpu.PLANS[CUDA], tune_gpu.PLANS[CPU]
     assert gpu.ops == "rmsnorm" and gpu.candidates == 3 and gpu.profile_requests <= 8
     assert gpu.sandbox_rounds is None  # the GPU judges with the sandbox's own rounds
     assert cpu.ops == "rmsnorm" and cpu.candidates <= 2 and cpu.sandbox_timeout_s > gpu.sandbox_timeout_s
@@ -156,14 +156,14 @@ def test_sandbox_cases_need_one_sandbox_per_timing_shape(monkeypatch):
             pass
 
     monkeypatch.setattr(sandbox_gpu, "Sandbox", FakeSandbox)
-    pool = sandbox_gpu.Sandboxes("cpu")
+    pool = sandbox_gpu.Sandboxes(CPU)
     for case in cases:
         pool.get(case.small, case.dtype)
     pool.close()
     assert pool.started == len(made) == len({(c.small, c.dtype) for c in sandbox_gpu.CASES}) == 3
     assert all(not o.static_check and o.dtypes == (o.timing_dtype,) for o in made)
     assert sorted(o.dtypes for o in made) == [("bfloat16",), ("bfloat16",), ("float32",)]  # the float atomic race
-    assert {None, tuple(sandbox_gpu.SMALL["cpu"].items())} == {o.timing_shape and tuple(o.timing_shape.items())
+    assert {None, tuple(sandbox_gpu.SMALL[CPU].items())} == {o.timing_shape and tuple(o.timing_shape.items())
                                                                for o in made}
 
 
@@ -171,7 +171,7 @@ def test_sandbox_case_rules_hold_on_cpu_and_cuda():
     by_name = {c.name: c for c in sandbox_gpu.CASES}
     side, cached = by_name["exploit: side stream"], by_name["exploit: cached result"]
     self_case, variant = by_name["baseline vs itself"], by_name["variant, decode shape"]
-    for device in ("cpu", "cuda"):
+    for device in (CPU, CUDA):
         ok = sandbox_gpu.case_ok
         assert ok(side, verdict(failure="raised"), False, device)  # CPU: torch.cuda.Stream raises
         assert ok(side, verdict(correct=True, failure="not-faster"), False, device)
@@ -185,15 +185,15 @@ def test_sandbox_case_rules_hold_on_cpu_and_cuda():
         assert not ok(self_case, far, True, device)
         assert not ok(self_case, verdict(correct=True, accepted=True, speedup_interval=[1.1, 1.2]), True, device)
     above = verdict(correct=True, failure="not-faster", speedup=1.02, speedup_interval=[1.01, 1.03])
-    assert sandbox_gpu.case_ok(self_case, above, True, "cpu")
-    assert not sandbox_gpu.case_ok(self_case, above, True, "cuda")
+    assert sandbox_gpu.case_ok(self_case, above, True, CPU)
+    assert not sandbox_gpu.case_ok(self_case, above, True, CUDA)
 
 
 def test_sandbox_l2_section_runs_on_cpu():
-    rows, medians = sandbox_gpu.l2_rows("cpu")
+    rows, medians = sandbox_gpu.l2_rows(CPU)
     assert [r["case"] for r in rows] == [f"L2: {label}" for label, _ in sandbox_gpu.L2_FLUSHES]
     assert all(m > 0 for m in medians.values()) and len(medians) == 3
-    assert "zero_()/read" in sandbox_gpu.l2_note("cpu", medians)
+    assert "zero_()/read" in sandbox_gpu.l2_note(CPU, medians)
 
 
 # -- kernels.timing's read-only flush -------------------------------------------------------------

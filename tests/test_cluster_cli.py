@@ -28,7 +28,7 @@ from kernelloop.agent.loop.state import TuneSettings
 from kernelloop.agent.verify import verify_registry
 from kernelloop.history import History
 from kernelloop.history.report import collect, render
-from kernelloop.kernels.device import device_fingerprint
+from kernelloop.kernels.device import CPU, CPU_INTERPRETER
 from kernelloop.kernels.registry import Registry
 from kernelloop.kernels.registry.entry import Provenance
 from kernelloop.sandbox import Verdict
@@ -36,7 +36,6 @@ from kernelloop.sandbox import Verdict
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = Path(__file__).parent / "sandbox_candidates"
 FILES = ["unwritten_tail.py", "control_rmsnorm_row.py", "control_rmsnorm_multirow.py"]
-CPU = device_fingerprint("cpu")
 GPU_KIND = "NVIDIA H200 sm90"
 
 
@@ -63,7 +62,7 @@ class FakePool:
     """JudgePool's methods (sandbox/cluster): verdicts arrive in reverse job order; `die_after` verdicts
     and the head 'dies' (raises) before the rest arrive."""
 
-    def __init__(self, size: int = 2, kinds: tuple[str, ...] = (CPU,), die_after: int | None = None,
+    def __init__(self, size: int = 2, kinds: tuple[str, ...] = (CPU_INTERPRETER,), die_after: int | None = None,
                  accept: Any = lambda job: True) -> None:
         self.size, self.kinds, self.die_after, self.accept = size, kinds, die_after, accept
         self.sent: list[Any] = []
@@ -79,11 +78,11 @@ class FakePool:
             if self.die_after is not None and n == self.die_after:
                 raise JudgeDied()
             job, ok = jobs[i], self.accept(jobs[i])
-            v = Verdict(op=job.op, device=job.device_kind or CPU, file=job.label, sha256="ab" * 32, correct=ok, accepted=ok,
+            v = Verdict(op=job.op, device=job.device_kind or CPU_INTERPRETER, file=job.label, sha256="ab" * 32, correct=ok, accepted=ok,
                         speedup=1.5 if ok else None, speedup_interval=[1.2, 1.8] if ok else None,
                         reason="faster" if ok else "mismatch", failure=None if ok else "mismatch", stage="done")
             out[i] = Judged(v, {"actor": i % self.size, "node": "127.0.0.1", "node_id": "n", "pid": 1,
-                                "device": job.device_kind or CPU, "retried": i == 0})
+                                "device": job.device_kind or CPU_INTERPRETER, "retried": i == 0})
             if on_verdict is not None:
                 on_verdict(i, out[i])
         return out
@@ -137,11 +136,11 @@ def test_a_round_is_judged_at_once_and_recorded_once_each(tmp_path: Path) -> Non
         update = nodes.check(state)
         assert update["pending"] == [] and [j["label"] for j in update["judged"]] == FILES  # in proposal order
         assert [j["verdict"]["accepted"] for j in update["judged"]] == [False, True, True]
-        assert [job.device_kind for job in pool.sent] == [CPU] * 3 and len({id(j.options) for j in pool.sent}) == 1
+        assert [job.device_kind for job in pool.sent] == [CPU_INTERPRETER] * 3 and len({id(j.options) for j in pool.sent}) == 1
         assert pool.sent[0].options.dtypes == ("float32",)
         assert _verdict_counts(history) == [1, 1, 1]
         rows = history.db.execute("SELECT judged_by FROM verdicts ORDER BY candidate_id").fetchall()
-        assert json.loads(rows[0][0]) == {"actor": 0, "node": "127.0.0.1", "node_id": "n", "pid": 1, "device": CPU,
+        assert json.loads(rows[0][0]) == {"actor": 0, "node": "127.0.0.1", "node_id": "n", "pid": 1, "device": CPU_INTERPRETER,
                                           "retried": True}
         judges = history.run_judges(state["run_id"])
         assert [(j["judged_by"]["actor"], j["verdicts"], j["retried"]) for j in judges] == [(0, 2, 1), (1, 1, 0)]
@@ -171,23 +170,23 @@ def test_without_a_pool_one_candidate_per_step_as_before(tmp_path: Path) -> None
 def test_verify_judges_every_entry_on_every_kind_and_rolls_back_only_its_own(tmp_path: Path) -> None:
     registry = Registry(tmp_path / "registry")
     source = (CANDIDATES / "control_rmsnorm_row.py").read_text()
-    registry.add("rmsnorm", source, device=CPU, dtype="float32", bucket="hidden=96,tokens=1-4", speedup=1.3,
+    registry.add("rmsnorm", source, device=CPU_INTERPRETER, dtype="float32", bucket="hidden=96,tokens=1-4", speedup=1.3,
                  speedup_ci=(1.1, 1.5), provenance=Provenance("search"))
-    pool = FakePool(kinds=(GPU_KIND, CPU), accept=lambda job: job.device_kind == GPU_KIND)  # regressed on its own
+    pool = FakePool(kinds=(GPU_KIND, CPU_INTERPRETER), accept=lambda job: job.device_kind == GPU_KIND)  # regressed on its own
     with History(tmp_path / "h.db") as history:
-        results = verify_registry(registry, history, "cpu", rollback=True, pool=pool)
+        results = verify_registry(registry, history, CPU, rollback=True, pool=pool)
         assert sorted((r.device, r.ok, r.rolled_back, r.regressed) for r in results) == [
-            (GPU_KIND, True, False, False), (CPU, False, True, False)]
+            (GPU_KIND, True, False, False), (CPU_INTERPRETER, False, True, False)]
         assert registry.entries() == []  # rolled back once, for its own kind
         kinds = [e["kind"] for e in history.registry_events()]
         assert sorted(kinds) == ["rollback", "verify", "verify"]
-    clean = FakePool(kinds=(GPU_KIND, CPU), accept=lambda job: job.device_kind == CPU)  # control: fine on its own
-    registry.add("rmsnorm", source, device=CPU, dtype="float32", bucket="hidden=96,tokens=1-4", speedup=1.3,
+    clean = FakePool(kinds=(GPU_KIND, CPU_INTERPRETER), accept=lambda job: job.device_kind == CPU_INTERPRETER)  # control: fine on its own
+    registry.add("rmsnorm", source, device=CPU_INTERPRETER, dtype="float32", bucket="hidden=96,tokens=1-4", speedup=1.3,
                  speedup_ci=(1.1, 1.5), provenance=Provenance("search"))
     with History(tmp_path / "h2.db") as history:
-        results = verify_registry(registry, history, "cpu", rollback=True, pool=clean)
+        results = verify_registry(registry, history, CPU, rollback=True, pool=clean)
         assert not any(r.rolled_back or r.regressed for r in results) and len(registry.entries()) == 1
-        assert {r.to_json()["device"] for r in results} == {CPU, GPU_KIND}
+        assert {r.to_json()["device"] for r in results} == {CPU_INTERPRETER, GPU_KIND}
 
 
 @dataclass(frozen=True)
@@ -206,13 +205,13 @@ class Actor:
 def test_the_daemon_serves_per_actor_gauges() -> None:
     metrics = DaemonMetrics()
     assert "kernelloop_judge" not in metrics.render()  # without --cluster
-    metrics.judges = lambda: [Actor(0, "127.0.0.1", "a", 1, CPU, True, 5, 1, 0),
+    metrics.judges = lambda: [Actor(0, "127.0.0.1", "a", 1, CPU_INTERPRETER, True, 5, 1, 0),
                               Actor(1, "10.0.0.2", "b", 2, 'odd"kind', False, 3, 0, 1)]
     text = metrics.render()
-    assert f'kernelloop_judge_busy{{actor="0",node="127.0.0.1",device="{CPU}"}} 1' in text
+    assert f'kernelloop_judge_busy{{actor="0",node="127.0.0.1",device="{CPU_INTERPRETER}"}} 1' in text
     assert 'kernelloop_judge_busy{actor="1",node="10.0.0.2",device="odd\\"kind"} 0' in text
-    assert f'kernelloop_judge_checks_total{{actor="0",node="127.0.0.1",device="{CPU}"}} 5' in text
-    assert f'kernelloop_judge_failures_total{{actor="0",node="127.0.0.1",device="{CPU}"}} 1' in text
+    assert f'kernelloop_judge_checks_total{{actor="0",node="127.0.0.1",device="{CPU_INTERPRETER}"}} 5' in text
+    assert f'kernelloop_judge_failures_total{{actor="0",node="127.0.0.1",device="{CPU_INTERPRETER}"}} 1' in text
 
 
 def test_the_report_shows_which_actor_judged_a_run(tmp_path: Path) -> None:
@@ -223,7 +222,7 @@ def test_the_report_shows_which_actor_judged_a_run(tmp_path: Path) -> None:
         local = history.start_run("tune", "rmsnorm")
         history.finish_run(local, "no-winner", {"reason": "y"})
         html = render(collect(history))
-    assert f"actor 0 @ 127.0.0.1 ({CPU}): 2, 1 retried; actor 1 @ 127.0.0.1 ({CPU}): 1" in html
+    assert f"actor 0 @ 127.0.0.1 ({CPU_INTERPRETER}): 2, 1 retried; actor 1 @ 127.0.0.1 ({CPU_INTERPRETER}): 1" in html
     assert "<td>here</td>" in html  # the run judged in its own process
 
 
@@ -260,9 +259,9 @@ def test_without_cluster_there_is_no_pool_and_workers_alone_are_refused() -> Non
     from kernelloop.agent.commands.common_args import open_pool
     from kernelloop.common.errors import KernelloopError
 
-    assert open_pool(argparse.Namespace(cluster=None, cluster_workers=None), "cpu") is None
+    assert open_pool(argparse.Namespace(cluster=None, cluster_workers=None), CPU) is None
     with pytest.raises(KernelloopError, match="--cluster-workers needs --cluster"):
-        open_pool(argparse.Namespace(cluster=None, cluster_workers=2), "cpu")
+        open_pool(argparse.Namespace(cluster=None, cluster_workers=2), CPU)
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +297,7 @@ def test_check_on_the_cluster_gives_the_local_verdicts(tmp_path: Path, cluster: 
     assert "candidates in flight" in remote.stderr
     with History(tmp_path / "h.db") as history:
         by = [json.loads(r[0]) for r in history.db.execute("SELECT judged_by FROM verdicts")]
-    assert len(by) == 3 and all(b["node"] == "127.0.0.1" and b["device"] == CPU for b in by)
+    assert len(by) == 3 and all(b["node"] == "127.0.0.1" and b["device"] == CPU_INTERPRETER for b in by)
 
 
 def _tune_child(folder: Path, model: str, cluster: str) -> None:
@@ -307,7 +306,7 @@ def _tune_child(folder: Path, model: str, cluster: str) -> None:
 
     from tests.tune_child import main
 
-    main(folder, model, pool=JudgePool(cluster, device="cpu", workers=2))
+    main(folder, model, pool=JudgePool(cluster, device=CPU, workers=2))
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from kernelloop.kernels.device import CPU
 from kernelloop.sandbox.cluster import ClusterJob, ClusterUnavailable  # noqa: E402
 from kernelloop.sandbox.options import CheckOptions  # noqa: E402
 from kernelloop.sandbox.verdict import Check, Verdict  # noqa: E402
@@ -144,7 +145,7 @@ class TestOneNode:
         from kernelloop.sandbox.cluster import JudgePool
 
         with one_node(tmp_path_factory.mktemp("ray-one")) as address:
-            with JudgePool(address, device="cpu", workers=2) as pool:
+            with JudgePool(address, device=CPU, workers=2) as pool:
                 yield pool
 
     def test_two_actors_give_the_local_verdicts(self, pool) -> None:  # noqa: ANN001
@@ -217,7 +218,7 @@ def test_two_node_processes(tmp_path: Path) -> None:
     keep_loopback()
     with two_nodes(tmp_path) as address:
         try:
-            with JudgePool(address, device="cpu", workers=2) as pool:
+            with JudgePool(address, device=CPU, workers=2) as pool:
                 assert len({a.node_id for a in pool.actors()}) == 2
                 verdicts = pool.judge([_job("control_rmsnorm_row.py"), _job("c4_hardcoded_eps.py")])
                 assert [v.failure for v in verdicts] == [None, "mismatch"]

@@ -14,6 +14,7 @@ from kernelloop.agent.proposers.base import Proposal, TuneContext
 from kernelloop.agent.proposers.llm import LLMProposer, extract_code, feedback_text
 from kernelloop.agent.proposers.prompts import task_prompt
 from kernelloop.kernels.candidate.static_check import ALLOWED_IMPORTS, static_check
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import OPS, baseline_source, get_op
 from kernelloop.sandbox.verdict import FAILURES
 
@@ -82,7 +83,7 @@ VERDICTS = {
 @pytest.fixture
 def ctx() -> TuneContext:
     return TuneContext(
-        spec=get_op("rmsnorm"), dtype="bfloat16", device="cpu",
+        spec=get_op("rmsnorm"), dtype="bfloat16", device=CPU,
         shapes=({"tokens": 7, "hidden": 2880}, {"tokens": 1, "hidden": 2880}, {"tokens": 300, "hidden": 4096}),
         best_source=None, baseline_source=baseline_source("rmsnorm"),
         roofline={"bytes_per_s": 1.3e9, "roofline_pct": 6.2, "device_bytes_per_s": 2.0e10},
@@ -167,8 +168,11 @@ def test_current_best_kernel_is_shown_instead_of_the_baseline(ctx):
     assert BEST.strip() in task and "def _rmsnorm_kernel(" not in task
 
 
-def test_gpu_device_facts(ctx):
-    ctx = TuneContext(**{**ctx.__dict__, "device": "NVIDIA H200 sm90",
+def test_gpu_device_facts(ctx, monkeypatch):
+    from kernelloop.kernels import device
+
+    monkeypatch.setattr(device, "_fingerprint", lambda kind: "NVIDIA H200 sm90")  # the GPU's, without one
+    ctx = TuneContext(**{**ctx.__dict__, "device": device.CUDA,
                          "roofline": {"bytes_per_s": 2.4e12, "roofline_pct": 52.0, "device_bytes_per_s": 4.6e12}})
     with FakeOpenAI([reply(CODE1)]) as fake:
         proposer(fake).propose(ctx, [], 1)

@@ -102,7 +102,7 @@ import json, sys
 from kernelloop.agent.proposers.base import TuneContext
 from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.kernels.ops import baseline_source, get_op
-ctx = TuneContext(spec=get_op("toy"), dtype="float32", device="cpu", shapes=({"rows": 4, "n": 96},), best_source=None,
+ctx = TuneContext(spec=get_op("toy"), dtype="float32", device=CPU, shapes=({"rows": 4, "n": 96},), best_source=None,
                   baseline_source=baseline_source("toy"), roofline={}, failures=())
 print(json.dumps([[p.label, p.source] for p in SearchProposer().propose(ctx, [], 2)]))
 '''

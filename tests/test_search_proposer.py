@@ -18,7 +18,7 @@ from kernelloop.agent.proposers.templates import HEADER_PREFIX, OP_NAMES, config
 from kernelloop.kernels.candidate.loader import load_kernel
 from kernelloop.kernels.candidate.static_check import static_check
 from kernelloop.kernels.compare import check_impl
-from kernelloop.kernels.device import CPU, CUDA
+from kernelloop.kernels.device import CPU, CUDA, Device
 from kernelloop.kernels.ops import get_op
 from kernelloop.kernels.registry.entry import sha256_text
 from kernelloop.kernels.registry.loader import load_forward
@@ -28,7 +28,7 @@ from kernelloop.sandbox.inside.worker import load_module
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def make_ctx(op: str, device: str = "cpu", shapes: tuple | None = None, **changes) -> TuneContext:
+def make_ctx(op: str, device: Device = CPU, shapes: tuple | None = None, **changes) -> TuneContext:
     spec = get_op(op)
     ctx = TuneContext(
         spec=spec, dtype="float32", device=device,
@@ -74,7 +74,7 @@ def test_every_config_renders_a_statically_valid_module(op):
     # The full GPU space without shape filtering: every template and every parameter value.
     spec = get_op(op)
     module = module_for(op)
-    configs = SearchProposer().configs(make_ctx(op, device="cuda", shapes=()))
+    configs = SearchProposer().configs(make_ctx(op, device=CUDA, shapes=()))
     assert configs
     assert {c["template"] for c in configs} == set(module.DOMAINS)
     sources = set()
@@ -92,15 +92,15 @@ def test_every_config_renders_a_statically_valid_module(op):
 
 
 def test_space_is_narrowed_by_shapes_and_device():
-    big = make_ctx("rmsnorm", device="cuda", shapes=({"tokens": 4, "hidden": 8192},))
-    small = make_ctx("rmsnorm", device="cuda", shapes=({"tokens": 4, "hidden": 64},))
+    big = make_ctx("rmsnorm", device=CUDA, shapes=({"tokens": 4, "hidden": 8192},))
+    small = make_ctx("rmsnorm", device=CUDA, shapes=({"tokens": 4, "hidden": 64},))
     sp = SearchProposer()
     big_t = {c["template"] for c in sp.configs(big)}
     assert {"row", "chunked"} <= big_t
     assert "chunked" not in {c["template"] for c in sp.configs(small)}  # one chunk would cover the row
-    huge = make_ctx("rmsnorm", device="cuda", shapes=({"tokens": 2, "hidden": 100_000},))
+    huge = make_ctx("rmsnorm", device=CUDA, shapes=({"tokens": 2, "hidden": 100_000},))
     assert {c["template"] for c in sp.configs(huge)} == {"chunked"}  # a whole row would not fit
-    cpu = sp.configs(make_ctx("rmsnorm", device="cpu", shapes=big.shapes))
+    cpu = sp.configs(make_ctx("rmsnorm", device=CPU, shapes=big.shapes))
     for template in ("row", "multirow", "chunked"):  # the interpreter ignores warps: no sweep there
         assert len({c["num_warps"] for c in cpu if c["template"] == template}) == 1
 
@@ -128,7 +128,7 @@ def test_header_is_found_in_an_edited_best_source():
     module = module_for("silu_mul")
     params = {"template": "grid2d", "block": 512, "num_warps": 4}
     edited = "# an LLM touched this\n" + module.render(params) + "\n# trailing note\n"
-    ctx = make_ctx("silu_mul", device="cuda", best_source=edited)
+    ctx = make_ctx("silu_mul", device=CUDA, best_source=edited)
     first = SearchProposer().propose(ctx, [], 1)[0]
     assert neighbour_distance(module.DOMAINS, params, config(first.source)) is not None
 
@@ -166,7 +166,7 @@ def test_failed_template_is_deprioritised():
     assert set(templates[k:]) == {"multirow"}
     # the same from history (ctx.failures), but a not-faster entry says nothing against its template
     fresh = SearchProposer()
-    hist = make_ctx("rmsnorm", device="cuda", failures=(
+    hist = make_ctx("rmsnorm", device=CUDA, failures=(
         {"source": bad.source, "failure": "mismatch", "reason": "x"},
         {"source": first[2].source, "failure": "not-faster", "reason": "y"},
     ))
@@ -229,11 +229,11 @@ def test_on_a_gpu_configs_that_do_not_fit_it_are_skipped(monkeypatch):
     monkeypatch.setattr(search, "device_target", lambda: "sm90")
     monkeypatch.setattr(search, "source_problems", problems)
     sp = SearchProposer()
-    got = sp.propose(make_ctx("rmsnorm", device="cuda"), [], 6)
+    got = sp.propose(make_ctx("rmsnorm", device=CUDA), [], 6)
     assert len(got) == 6 and all(config(p.source)["template"] != "multirow" for p in got)
     assert sp.skipped and all("spills" in why for _, why in sp.skipped)
     assert {t for _, t in checked} == {"sm90"}
-    again = sp.propose(make_ctx("rmsnorm", device="cuda"), [], 50)  # skipped configs are not retried
+    again = sp.propose(make_ctx("rmsnorm", device=CUDA), [], 50)  # skipped configs are not retried
     assert not {p.label for p in again} & {label for label, _ in sp.skipped}
 
 

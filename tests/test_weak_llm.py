@@ -29,6 +29,7 @@ from kernelloop.agent.proposers.llm import LLMEndpointError, LLMProposer, classi
 from kernelloop.agent.proposers.prompts import bare_code
 from kernelloop.history import History
 from kernelloop.kernels.candidate.static_check import static_check
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import OPS, baseline_source, get_op
 from kernelloop.kernels.registry import Registry
 
@@ -232,7 +233,7 @@ def test_a_model_the_endpoint_does_not_serve_fails_fast_before_profiling(tmp_pat
 # -- a model with a small context window --------------------------------------------------------
 
 def _ctx() -> TuneContext:
-    return TuneContext(spec=get_op(OP), dtype="float32", device="cpu", shapes=(SHAPE,), best_source=None,
+    return TuneContext(spec=get_op(OP), dtype="float32", device=CPU, shapes=(SHAPE,), best_source=None,
                        baseline_source=baseline_source(OP), roofline={}, failures=())
 
 

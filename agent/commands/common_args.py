@@ -92,7 +92,7 @@ def open_pool(args: argparse.Namespace, device: Device, progress: Callable[[str]
         return None
     from kernelloop.sandbox.cluster import JudgePool
 
-    return JudgePool(args.cluster, device=device.kind, workers=args.cluster_workers, progress=progress)
+    return JudgePool(args.cluster, device=device, workers=args.cluster_workers, progress=progress)
 
 
 def positive_int(text: str) -> int:
@@ -144,7 +144,7 @@ def check_timeout_argument(args: argparse.Namespace) -> None:
 
 
 def tune_settings(args: argparse.Namespace, device: Device) -> TuneSettings:
-    return TuneSettings(op=args.op, device=device.kind, rounds=args.rounds, candidates=args.candidates,
+    return TuneSettings(op=args.op, device=device, rounds=args.rounds, candidates=args.candidates,
                         min_gain=args.min_gain, sandbox_timeout_s=args.timeout,
                         batch_invariant=getattr(args, "batch_invariant", False))
 

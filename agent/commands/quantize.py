@@ -194,7 +194,7 @@ def commit_and_gate(args: argparse.Namespace, device: Device, schemes: list[Any]
         held_out = held_out.first(limit)
         report["gate_held_out_prompts"] = len(held_out.pairs)
     registry = Registry(args.registry)
-    ctx = LoopContext(history=history, registry=registry, proposers={}, device=device.kind, model=args.model,
+    ctx = LoopContext(history=history, registry=registry, proposers={}, device=device, model=args.model,
                       gate=light_gate(report["budget"], device), progress=progress)
     try:
         before = gate_summary(ctx, held_out)

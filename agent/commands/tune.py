@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         settings = tune_settings(args, device)
         with History(args.history) as history, ProgressView() as progress:  # bars on a terminal, else lines
             ctx = LoopContext(history=history, registry=Registry(registry), proposers=proposers,
-                              device=device.kind, model=model, engine=remote,
+                              device=device, model=model, engine=remote,
                               gate=gate_config(args, device), progress=progress,
                               pool=open_pool(args, device, progress))
             try:

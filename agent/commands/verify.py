@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     pool = open_pool(args, device, progress)
     try:
         with History(args.history) as history:
-            results = verify_registry(registry, history, device.kind, rollback=args.rollback, timeout_s=args.timeout,
+            results = verify_registry(registry, history, device, rollback=args.rollback, timeout_s=args.timeout,
                                       progress=progress, pool=pool)
     finally:
         if pool is not None:

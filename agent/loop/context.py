@@ -15,6 +15,7 @@ from kernelloop.agent.task_audit import first_wrong
 from kernelloop.agent.task_suite import TaskSuite, load_suite
 from kernelloop.common.progress import prefixed
 from kernelloop.history import History
+from kernelloop.kernels.device import CPU, Device
 from kernelloop.kernels.registry import Registry
 from kernelloop.profiler.workload import WorkloadRequest
 from kernelloop.sandbox import CheckOptions, Sandbox
@@ -27,7 +28,7 @@ class LoopContext:
     history: History
     registry: Registry
     proposers: dict[str, Proposer]       # name -> proposer (agent/proposers/base.py)
-    device: str = "cpu"
+    device: Device = CPU
     model: str | None = None             # model directory; None: the embedded model
     # The engine being tuned (agent/engine_handle.py): a RemoteEngine to tune a serving engine over HTTP;
     # None: a LocalEngine on `model`, `device` and the registry, built on first use.

@@ -320,7 +320,7 @@ class Nodes:
             # The registry without the winner is its commit's parent; the two are served alternately.
             speed = alternate_speed(ctx.tokens_per_second_at, f"{commit_sha}^", commit_sha, rounds, ctx.progress)
             ctx.reload()  # back to HEAD, which holds the commit
-            result = judge(state["gate_before"], after, speed, ctx.gate, interpreted=ctx.device == "cpu")
+            result = judge(state["gate_before"], after, speed, ctx.gate, interpreted=ctx.device.interpreted)
             ctx.history.record_registry_event("gate", op, entry_id=entry_id, ok=result.ok, run_id=run_id,
                                               detail={**result.to_json(), "speed": speed, "engine": gate_engine})
         ctx.progress(f"end-to-end gate: {'passed' if result.ok else 'FAILED'}: {result.reason}")

@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from kernelloop.kernels.device import CPU, Device
 from kernelloop.sandbox.options import CheckOptions
 
 
 @dataclass(frozen=True)
 class TuneSettings:
     op: str | None                 # None: pick the target from the profile
-    device: str = "cpu"
+    device: Device = CPU
     rounds: int = 3                # propose -> check rounds at most
     candidates: int = 4            # proposals per proposer per round
     min_gain: float = CheckOptions.min_gain

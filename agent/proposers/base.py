@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from kernelloop.kernels.device import Device
     from kernelloop.kernels.spec import OpSpec
 
 
@@ -29,7 +30,7 @@ class TuneContext:
 
     spec: OpSpec                   # resolved by the loop from the state's op name; `op` is its name
     dtype: str
-    device: str
+    device: Device
     shapes: tuple[dict, ...]       # shapes the engine profile saw, hottest first
     best_source: str | None        # current kernel (registry entry) or None = op baseline
     baseline_source: str           # kernels/ops/<op>_kernel.py source text

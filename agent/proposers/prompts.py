@@ -14,6 +14,7 @@ import json
 from typing import Any, Iterable
 
 from kernelloop.kernels.candidate.static_check import ALLOWED_IMPORTS
+from kernelloop.kernels.device import Device
 from kernelloop.kernels.display import safe_text
 from kernelloop.kernels.spec import OpSpec
 
@@ -50,12 +51,12 @@ def gb_per_s(bytes_per_s: Any) -> str:
         return str(bytes_per_s)
 
 
-def device_facts(device: str, roofline: dict | None = None) -> str:
+def device_facts(device: Device, roofline: dict | None = None) -> str:
     """What the model must know about where its kernel runs."""
-    if device.lower().startswith("cpu"):
+    if device.interpreted:
         return CPU_FACTS
     bw = (roofline or {}).get("device_bytes_per_s")
-    return GPU_FACTS.format(device=device, bandwidth=f" ({gb_per_s(bw)} copy bandwidth)" if bw else "")
+    return GPU_FACTS.format(device=device.fingerprint, bandwidth=f" ({gb_per_s(bw)} copy bandwidth)" if bw else "")
 
 
 def candidate_rules(spec: OpSpec) -> str:

@@ -176,7 +176,7 @@ class SearchProposer:
     def _fits_gpu(self, ctx: TuneContext, params: dict[str, Any], source: str) -> bool:
         """On a GPU, compile the config for this GPU first: one that spills, needs more shared memory
         than the GPU has, or does not compile is skipped instead of costing a sandbox run."""
-        target = device_target() if ctx.device == "cuda" and not triton_interpreted() else None
+        target = device_target() if not ctx.device.interpreted and not triton_interpreted() else None
         if target is None:
             return True
         shapes = list(ctx.shapes[:2]) or list(ctx.spec.engine_shapes[:1])

@@ -21,7 +21,7 @@ from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.quantize.measure import compare
 from kernelloop.common.errors import RegistryError
 from kernelloop.common.progress import Progress
-from kernelloop.kernels.device import Device
+from kernelloop.kernels.device import Device, Fingerprint
 from kernelloop.kernels.quant import Scheme
 from kernelloop.kernels.registry import ANY_BUCKET, Entry, Provenance, Registry
 from kernelloop.kernels.registry.entry import sha256_text, utc_now
@@ -85,7 +85,7 @@ def judge_baselines(schemes: list[Scheme], device: Device, registry: str | None,
     return out
 
 
-def scoped_entries(plan: dict[str, str], judged: dict[str, Judged], fingerprint: str, dtype: str) -> list[tuple[Entry, str]]:
+def scoped_entries(plan: dict[str, str], judged: dict[str, Judged], fingerprint: Fingerprint, dtype: str) -> list[tuple[Entry, str]]:
     """The selection as registry entries: one per scope, its scheme's op and baseline kernel, every bucket,
     speedup 1.0 (bytes are what they buy; the gate measures the rest)."""
     out = []

@@ -72,7 +72,7 @@ def empty_some(lengths: list[int], g: torch.Generator) -> list[int]:
     return out
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: torch.device | str, variant: Variant | None = None) -> tuple:
     """Ragged requests scattered over a larger pool in shuffled slot order; k has outlier channels
     (as post-RoPE keys do), so softmax is peaked rather than uniform. Variants: "sm_scale": "seeded"
     (log-uniform in [0.01, 1]); "scale" (q and k times it; 1e-3: near-uniform softmax); "logits":

@@ -125,7 +125,7 @@ def prefix_lengths(new: list[int], prefix: int, g: torch.Generator) -> list[int]
     return out
 
 
-def lay_out_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, device: str,
+def lay_out_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, device: torch.device | str,
                 layout: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """None: contiguous tensors; "qkv": views into one fused [T, (Hq + 2 Hk) * D] projection output,
     as the engine's model hands them over (token stride (Hq + 2 Hk) * D)."""
@@ -139,7 +139,7 @@ def lay_out_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.
             buf[:, (hq + hk) * d:].view(t, hk, d))
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: torch.device | str, variant: Variant | None = None) -> tuple:
     """Ragged requests: `tokens` new tokens in all (one request has a single one when batch > 1),
     `batch * prefix` prefix tokens in all (about a third of the requests have none), the prefix
     slots scattered in shuffled order over a larger pool; k has outlier channels (as post-RoPE

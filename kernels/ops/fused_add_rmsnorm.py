@@ -34,7 +34,7 @@ def reference(
     return y.to(x.dtype), r
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: torch.device | str, variant: Variant | None = None) -> tuple:
     """x: an attention/MLP output (unit scale); residual: the residual stream (std 3, a few ~x20
     outlier channels); weight: around 1 with spread. Variants: `vary_rows` applies to x and residual
     alike (zero rows: both zero); "layout": "strided" gives x and residual different row strides."""

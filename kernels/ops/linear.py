@@ -51,7 +51,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
 
 # --- inputs, shapes, cost -----------------------------------------------------------------------
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: torch.device | str, variant: Variant | None = None) -> tuple:
     """x ~ N(0, 1) as post-norm activations, with outlier channels (1 in 64, at least one) six times
     larger as real hidden states have; weight ~ N(0, 1/K) so outputs are ~N(0, 1); bias None.
     Variants: "bias" (bias ~ N(0, 1)), "scale", "zero_rows" (see `vary_rows`, on x) and "layout"
@@ -181,7 +181,7 @@ def quantized_spec(scheme_name: str, forward: Callable[..., torch.Tensor], *, su
                             bias: torch.Tensor | None) -> torch.Tensor:
         return reference(x, scheme.dequantize(qweight, scales), bias)
 
-    def quantized_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str,
+    def quantized_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: torch.device | str,
                          variant: Variant | None = None) -> tuple:
         x, weight, bias = make_inputs(shape, dtype, seed, device, variant)
         return (x, *scheme.quantize(weight), bias)

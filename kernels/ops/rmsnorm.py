@@ -28,7 +28,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return y.to(x.dtype)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: torch.device | str, variant: Variant | None = None) -> tuple:
     """Hidden states after a few layers: unit-scale noise plus a handful of large outlier channels.
     Variants: see `vary_rows` (eps, scale, zero_rows) and `lay_out_rows` (layout)."""
     v = variant_of("rmsnorm", variant, NORM_VARIANT_KEYS)

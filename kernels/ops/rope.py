@@ -50,7 +50,7 @@ def spread_positions(t: int, max_pos: int, g: torch.Generator) -> torch.Tensor:
     return positions
 
 
-def lay_out_qk(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, device: str, layout: str | None
+def lay_out_qk(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, device: torch.device | str, layout: str | None
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D], k [T, Hk, D] as named: None, contiguous; "qkv", views into one fused
     [T, (Hq + 2 Hk) * D] projection output (the v part NaN); "head_major", [H, T, D] storage
@@ -71,7 +71,7 @@ def lay_out_qk(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, device: str
     return buf[:, : hq * d].view(t, hq, d), buf[:, hq * d: (hq + hk) * d].view(t, hk, d)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: torch.device | str, variant: Variant | None = None) -> tuple:
     """Unit-scale q/k, random positions below max_pos (DEFAULT_MAX_POS unless the shape says).
     Variants: "positions": "spread" (`spread_positions`), "scale" (q and k times it), "layout"
     (`lay_out_qk`)."""

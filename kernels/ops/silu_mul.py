@@ -29,7 +29,7 @@ def reference(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str, variant: Variant | None = None) -> tuple:
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: torch.device | str, variant: Variant | None = None) -> tuple:
     """A gate_up projection output: gate std ~2 (so silu's curved region and tails are hit), up std ~1.5.
     Variants: "scale", "zero_rows" (see `vary_rows`) and "layout" (see `lay_out_rows`)."""
     v = variant_of("silu_mul", variant, ROW_VARIANT_KEYS)

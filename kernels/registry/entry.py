@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kernelloop.common.errors import RegistryError
+from kernelloop.kernels.device import Fingerprint
 
 ANY_BUCKET = "*"  # an entry that serves every shape of its (op, device, dtype)
 
@@ -36,7 +37,7 @@ class Provenance:
 @dataclass(frozen=True)
 class Entry:
     op: str
-    device: str  # device fingerprint: "cpu-interpreter" or "<GPU name> sm<cc>"
+    device: Fingerprint  # "cpu-interpreter" or "<GPU name> sm<cc>"
     dtype: str  # "float32" | "float16" | "bfloat16"
     bucket: str  # OpSpec.bucket(shape), or ANY_BUCKET
     sha256: str  # of the source text

@@ -20,6 +20,7 @@ import git
 
 from kernelloop.common.errors import RegistryError
 from kernelloop.common.paths import data_path
+from kernelloop.kernels.device import Fingerprint
 from kernelloop.kernels.registry.entry import Entry, Provenance, select_entry, sha256_text, utc_now
 from kernelloop.kernels.registry.loader import load_forward
 from kernelloop.kernels.registry.manifest import MANIFEST_NAME, atomic_write, parse_manifest, render_manifest
@@ -175,7 +176,7 @@ class Registry:
         op: str,
         source: str,
         *,
-        device: str,
+        device: Fingerprint,
         dtype: str,
         bucket: str,
         speedup: float,
@@ -199,7 +200,7 @@ class Registry:
             sha = self._commit(repo, [entry.source_path, MANIFEST_NAME], message)
         return Added(entry, sha)
 
-    def replace_scoped(self, fingerprint: str, dtype: str, entries: list[tuple[Entry, str]], message: str) -> str:
+    def replace_scoped(self, fingerprint: Fingerprint, dtype: str, entries: list[tuple[Entry, str]], message: str) -> str:
         """Make `entries` (each with its source text; every one scoped) the scoped entries of (device fingerprint,
         dtype), dropping the scoped ones there before; one commit, whose sha is returned. An empty list
         removes the selection. Unscoped entries and other devices' are kept."""

@@ -1,7 +1,7 @@
 """The judge as Ray actors: candidates checked on every device of a cluster.
 
     from kernelloop.sandbox.cluster import ClusterJob, JudgePool
-    with JudgePool("auto", device="cpu", workers=2) as pool:
+    with JudgePool("auto", device=CPU, workers=2) as pool:
         verdicts = pool.judge([ClusterJob("rmsnorm", source, "cand.py", options)])
 
 One actor per GPU (or per CPU core allotted) owns warm Sandboxes for its lifetime (actor.py); the

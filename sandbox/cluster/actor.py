@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernelloop.kernels.device import Device
 
 
 class Judge:
     """The actor's class; the pool wraps it with `ray.remote` (num_cpus=1 on cpu, num_gpus=1 on cuda)."""
 
-    def __init__(self, device: str) -> None:
-        if device == "cpu":  # before anything imports Triton: its mode is fixed at decoration time
+    def __init__(self, device: Device) -> None:
+        if device.interpreted:  # before anything imports Triton: its mode is fixed at decoration time
             os.environ["TRITON_INTERPRET"] = "1"
         self.device = device
         self._sandboxes: dict[str, Any] = {}
@@ -25,11 +28,9 @@ class Judge:
         """Where this judge runs: node IP, node id, PID, device fingerprint."""
         import ray
 
-        from kernelloop.kernels.device import device_fingerprint
-
         ctx = ray.get_runtime_context()
         return {"node": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(), "pid": os.getpid(),
-                "device": device_fingerprint(self.device)}
+                "device": self.device.fingerprint}
 
     def judge(self, op: str, source: str, label: str, options: dict[str, Any]) -> dict[str, Any]:
         """The verdict's JSON (Verdict.to_json()), or {"machine_error": line} when this machine cannot

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernelloop.common.errors import KernelloopError
+from kernelloop.kernels.device import Fingerprint
 from kernelloop.sandbox.options import CheckOptions
 
 
@@ -31,7 +32,7 @@ class ActorInfo:
     node: str        # node IP
     node_id: str
     pid: int
-    device: str      # device fingerprint
+    device: Fingerprint
     busy: bool
     checks: int      # verdicts it returned
     failures: int    # of those, verdicts not correct

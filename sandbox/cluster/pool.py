@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kernelloop.common.progress import Progress
+from kernelloop.kernels.device import Device
 from kernelloop.sandbox.cluster.actor import Judge
 from kernelloop.sandbox.cluster.jobs import ActorInfo, ClusterJob, ClusterUnavailable
 from kernelloop.sandbox.cluster.session import connect, import_ray
@@ -39,10 +40,10 @@ class _Slot:
 class JudgePool:
     """Judge actors across a Ray cluster (see kernelloop.sandbox.cluster)."""
 
-    def __init__(self, address: str, *, device: str, workers: int | None = None,
+    def __init__(self, address: str, *, device: Device, workers: int | None = None,
                  progress: Progress | None = None) -> None:
-        """Connects and starts the actors: device 'cuda' -> one actor per GPU in the cluster
-        (num_gpus=1); 'cpu' -> `workers` actors (default: the cluster's CPU count), num_cpus=1 each."""
+        """Connects and starts the actors: on a GPU device, one actor per GPU in the cluster (num_gpus=1);
+        on the CPU interpreter, `workers` actors (default: the cluster's CPU count), num_cpus=1 each."""
         self.device = device
         self.progress = progress or (lambda message: None)
         self._started = connect(address)
@@ -51,10 +52,10 @@ class JudgePool:
         self._baselines: dict[tuple[str, str, str], tuple[str, str] | None] = {}
         try:
             resources = self._ray.cluster_resources()
-            if device == "cuda":
+            if not device.interpreted:
                 count = int(resources.get("GPU", 0))
                 if count < 1:
-                    raise ClusterUnavailable("--cluster with --device cuda: the Ray cluster has no GPU")
+                    raise ClusterUnavailable(f"--cluster with --device {device}: the Ray cluster has no GPU")
             else:
                 count = workers or int(resources.get("CPU", 0))
                 if count < 1:
@@ -72,8 +73,8 @@ class JudgePool:
     # -- actors ---------------------------------------------------------------------------------
 
     def _spawn(self, index: int, generation: int = 0) -> Any:
-        resources = {"num_gpus": 1, "num_cpus": 0} if self.device == "cuda" else {"num_cpus": 1}
-        env = {"TRITON_INTERPRET": "0" if self.device == "cuda" else "1"}
+        resources = {"num_cpus": 1} if self.device.interpreted else {"num_gpus": 1, "num_cpus": 0}
+        env = {"TRITON_INTERPRET": "1" if self.device.interpreted else "0"}
         name = f"kernelloop-judge-{self._uid}-{index}" + (f"-r{generation}" if generation else "")
         return self._remote.options(name=name, max_restarts=0, max_task_retries=0,
                                     runtime_env={"env_vars": env}, **resources).remote(self.device)
@@ -84,7 +85,7 @@ class JudgePool:
             return ray.get([h.info.remote() for h in handles], timeout=START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise ClusterUnavailable(f"the Ray cluster could not start {len(handles)} {self.device} judge(s) within "
-                                     f"{START_TIMEOUT_S:g} s (not enough free {'GPUs' if self.device == 'cuda' else 'CPUs'}?)"
+                                     f"{START_TIMEOUT_S:g} s (not enough free {'CPUs' if self.device.interpreted else 'GPUs'}?)"
                                      ) from None
         except ray.exceptions.RayError as exc:
             raise ClusterUnavailable(f"a judge actor failed to start: {str(exc).strip().splitlines()[0][:200]}") from None

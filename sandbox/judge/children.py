@@ -157,6 +157,7 @@ class Child:
         self.isolation: dict[str, str] = {}  # its "ready" message's, once received
         self.closed = False
         self._go_at = 0.0
+        self.cpu_timed = False  # a CPU timing replayer: its replays' seconds are their CPU time
         self._cpu_at: dict[tuple[int, int], int] = {}
         self.last_config: int | None = None  # the config slot of the last call sent
 
@@ -219,17 +220,17 @@ class Child:
         self._sent_at, self._n_inputs = time.monotonic(), len(inputs)
         self.send(Stage(type="stage", record=record), inputs)
         self.expect("staged")
-        if self.device.interpreted:
+        if self.cpu_timed:
             self._cpu_at = thread_cpu_ns(session_members(self.pid) or [self.pid])
         self._go_at = time.perf_counter()
         self.send(Go(type="go") if order is None else Go(type="go", order=order))
 
     def finish_replay(self, limit: int) -> tuple[list, list, float, Done]:
         """(outputs, inputs afterwards, seconds, "done"). The seconds: on CUDA the replayer's event time
-        (no candidate Python runs in a CUDA replayer); on CPU the CPU time the replayer's processes ran
-        from "go" until every output byte arrived, read by the judge from /proc (a CPU replayer interprets
-        the candidate's kernels: its word counts for nothing). CPU time, not the wall clock: on shared
-        cores the wall clock also counts the turns of other work."""
+        (no candidate Python runs in a CUDA replayer); on CPU, for a `cpu_timed` replayer, the CPU time its
+        processes ran from "go" until every output byte arrived, read by the judge from /proc (a CPU
+        replayer interprets the candidate's kernels: its word counts for nothing; the wall clock would also
+        count other work's turns on shared cores), else the judge's wall clock."""
         received, got = self.receive(limit)
         wall = time.perf_counter() - self._go_at
         done: Done | Error = parse(received, "done", "error")
@@ -244,11 +245,13 @@ class Child:
         return got[:n], got[n:], seconds, done
 
     def _cpu_seconds(self, wall: float) -> float:
-        """The replay's CPU time since `start_replay`; the wall clock when a thread that ran before it
-        ended meanwhile (its time would be lost) or the kernel keeps no count."""
+        """The replay's CPU time since `start_replay`; the wall clock when none was taken there, a thread
+        that ran before it ended meanwhile (its time would be lost) or the kernel keeps no count."""
+        if not self._cpu_at:
+            return wall
         before, after = self._cpu_at, thread_cpu_ns(session_members(self.pid) or [self.pid])
         ran = sum(after.values()) - sum(before.values())
-        if not before or ran <= 0 or any(key not in after for key in before):
+        if ran <= 0 or any(key not in after for key in before):
             return wall
         return ran / 1e9
 

@@ -277,9 +277,8 @@ class Sandbox:
             v.fail("load", f"importing the candidate failed: {str(load['error'])[:300]}")
         if v.failure:
             return
-        replayer, rload = self.spawn("replay", spec, source, filename, work / "replayer", load["constants"])
-        if not rload["ok"]:
-            v.fail("untraceable", f"its kernels could not be rebuilt for the replay: {str(rload['error'])[:300]}")
+        replayer = self._replayer(v, spec, source, filename, work / "replayer", load["constants"])
+        if replayer is None:
             return
         v.stage = "correctness"
         check = CompileCheck(spec, self.compile_for, plan)  # does nothing without --compile-for
@@ -323,14 +322,23 @@ class Sandbox:
             # Timed in a fresh replayer, as the baseline is: a process that replayed the whole battery runs
             # the same kernels a few percent faster than a new one (bench/judge_aa.py).
             replayer.close()
-            replayer, rload = self.spawn("replay", spec, source, filename, work / "timing-replayer", load["constants"])
-            if not rload["ok"]:
-                v.fail("untraceable", f"its kernels could not be rebuilt for timing: {str(rload['error'])[:300]}")
+            replayer = self._replayer(v, spec, source, filename, work / "timing-replayer", load["constants"])
+            if replayer is None:
                 return
+            replayer.cpu_timed = self.options.device.interpreted
             self.timer.time_candidate(spec, plan["timing"], v, work, runner, replayer)
             if v.failure == "timing-incomplete":
                 return  # stopped while timing
         v.stage = "done"
+
+    def _replayer(self, v: Verdict, spec: OpSpec, source: str, filename: str, scratch: Path,
+                  constants: dict) -> Child | None:
+        """A replayer for the candidate's kernels; None (the verdict `untraceable`) when they cannot be rebuilt."""
+        replayer, rload = self.spawn("replay", spec, source, filename, scratch, constants)
+        if not rload["ok"]:
+            v.fail("untraceable", f"its kernels could not be rebuilt for the replay: {str(rload['error'])[:300]}")
+            return None
+        return replayer
 
     def _probe_invariance(self, v: Verdict, spec: OpSpec, runner: Child, seed: int) -> None:
         """Record whether the candidate is batch invariant: a property, never a failure by itself. Its calls

@@ -117,6 +117,7 @@ class ABTimer:
         if not (load["ok"] and rload["ok"]):
             raise Refused("crash", f"the timing baseline ({base_label}) did not load: "
                            f"{str(load['error'] or rload['error'])[:200]}")
+        base_replayer.cpu_timed = sandbox.options.device.interpreted
         return base_runner, base_replayer, base_label
 
     def time_rounds(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child,

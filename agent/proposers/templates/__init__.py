@@ -28,6 +28,8 @@ import pkgutil
 from types import ModuleType
 from typing import Any, Iterable, Mapping, Sequence
 
+from kernelloop.kernels.device import CUDA
+
 HEADER_PREFIX = "# kernelloop-search: "
 
 
@@ -76,7 +78,7 @@ def pick(values: Sequence[Any], full: bool, default: Any) -> list[Any]:
 
 
 def gpu_choices(ctx: Any) -> bool:
-    return getattr(ctx, "device", "cuda") != "cpu"
+    return not getattr(ctx, "device", CUDA).interpreted
 
 
 def check_params(op: str, params: Mapping[str, Any], domains: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:

@@ -1,9 +1,10 @@
 """A burst over HTTP, the rows `bench.engine_throughput` reports:
 
 - burst: N clients each send one greedy request at the same moment (prompts of 16-64 random tokens,
-  `new` tokens each) to `engine serve`; against transformers' `generate()` on the same prompts as one
-  left-padded batch, in this process, same torch threads. Each repeat draws fresh prompts, so the
-  prefix cache does not help the engine.
+  `new` tokens each) to `engine serve`, streamed or not; against transformers' `generate()` on the same
+  prompts as one left-padded batch, in this process, same torch threads; and the same prompts given to
+  an in-process Engine, which tells the HTTP layer's share apart. Each repeat draws fresh prompts, so
+  the prefix cache does not help the engine.
 - streams under a burst: `streams` requests decode (streamed, long outputs); once they are in steady
   state the burst arrives. TTFT p50/p99 of the burst's requests, and the inter-token latency p99 of
   the running streams while the burst is served, against their steady state before it.
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kernelloop.engine.engine import Engine
+from kernelloop.engine.sampling import SamplingParams
+
 from bench.agent_workload import percentile
 from bench.http_load import PlannedRequest, RequestResult, send_all
 
@@ -29,10 +33,19 @@ def burst_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(5, vocab) for _ in range(rng.randint(*PROMPT_LENGTHS))] for _ in range(n)]
 
 
-def http_burst(base: str, prompts: list[list[int]], new: int) -> tuple[float, int, list[RequestResult]]:
-    """(seconds to the last response, output tokens, results): every prompt sent at once, streamed."""
-    seconds, results = send_all(base, [PlannedRequest(0.0, p, new) for p in prompts])
+def http_burst(base: str, prompts: list[list[int]], new: int,
+               stream: bool = True) -> tuple[float, int, list[RequestResult]]:
+    """(seconds to the last response, output tokens, results): every prompt sent at once, streamed or not."""
+    seconds, results = send_all(base, [PlannedRequest(0.0, p, new) for p in prompts], stream=stream)
     return seconds, sum(r.output_tokens for r in results), results
+
+
+def engine_burst(engine: Engine, prompts: list[list[int]], new: int) -> tuple[float, int]:
+    """The same burst in-process (`Engine.generate`, no HTTP): (seconds, output tokens)."""
+    params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
+    start = time.perf_counter()
+    reqs = engine.generate(prompts, params)
+    return time.perf_counter() - start, sum(len(r.output_ids) for r in reqs)
 
 
 def hf_padded_batch(model, prompts: list[list[int]], new: int, pad_id: int) -> tuple[float, int]:

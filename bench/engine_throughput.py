@@ -10,7 +10,8 @@ With the embedded model (float32, reference torch ops), measured in one run:
   alone, the other 15 together, as agent traffic does) with a cold prefix cache on and off: hit
   rate, prompt tokens actually computed, tokens/s.
 - a burst (bench/burst.py): `--burst` clients at once over HTTP, one request each (prompts of 16-64
-  tokens, `--burst-tokens` new), mixed steps off and on, against transformers' padded batch; and
+  tokens, `--burst-tokens` new), streamed and not, mixed steps off and on, and the same prompts given to
+  the in-process engine, against transformers' padded batch; and
   TTFT p50/p99 and the running streams' inter-token p99 while such a burst arrives, against their
   steady state. `--burst-only` runs just these rows.
 Every request generates exactly `--max-tokens` tokens (EOS ignored), so all rows do equal work.
@@ -19,6 +20,7 @@ Every request generates exactly `--max-tokens` tokens (EOS ignored), so all rows
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from typing import Sequence
@@ -46,6 +48,10 @@ def chat_prompt(engine: Engine, system: str, question: str) -> list[int]:
 
 MIXED_CHUNK = 128  # tokens per mixed step in the burst rows: a burst's prefill spread over a few steps
 REPEATS = 3  # each row is the best of this many runs: the least-disturbed one on a shared machine
+# Pause before each burst: torch's OpenMP workers spin for a while after a parallel region, and a
+# process's spinning threads would take cores from the next row's run (another process's, or this one's).
+SETTLE_S = 0.25
+BURST_REPEATS = 7  # a burst takes ~0.1 s: more repeats, so each row's best is a quiet moment's
 
 
 def best_of(run) -> tuple[float, int]:
@@ -142,36 +148,49 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def burst_rows(engine: Engine, hf, pad: int, n: int, new: int, row) -> list[str]:
-    """The burst rows (bench/burst.py), mixed steps off and on, alternated with transformers' padded
-    batch on the same fresh prompts each repeat; returns the notes (ratios in this run)."""
+    """The burst rows (bench/burst.py): the in-process engine, `engine serve` with mixed steps off and on, each
+    over HTTP not streamed and streamed, alternated with transformers' padded batch on the same fresh prompts
+    each repeat; returns the notes (ratios in this run)."""
     vocab, threads = engine.model_config.vocab_size, torch.get_num_threads()
     mixed_flags = ("--mixed-chunk", "--chunked-prefill-size", str(MIXED_CHUNK))
-    modes = {"engine serve, HTTP": (), f"engine serve {' '.join(mixed_flags)}, HTTP": mixed_flags}
-    runs: dict[str, list[tuple[float, int]]] = {m: [] for m in [*modes, "transformers generate, padded batch"]}
-    under: dict[str, list[bursts.UnderBurst]] = {m: [] for m in modes}
+    servers = {"engine serve": (), f"engine serve {' '.join(mixed_flags)}": mixed_flags}
+    http = {f"{name}, HTTP{' streaming' if stream else ''}": (name, stream) for name in servers for stream in (False, True)}
+    inproc, hf_name = "kernelloop engine, in-process", "transformers generate, padded batch"
+    runs: dict[str, list[tuple[float, int]]] = {m: [] for m in [inproc, *http, hf_name]}
+    client_cpu: dict[str, list[float]] = {m: [] for m in http}  # this process's CPU seconds per HTTP burst
+    under: dict[str, list[bursts.UnderBurst]] = {m: [] for m in servers}
     with EngineServer(threads=threads) as plain, EngineServer(threads=threads, extra=mixed_flags) as mixed:
-        bases = dict(zip(modes, (plain, mixed)))
+        bases = dict(zip(servers, (plain, mixed)))
         for base in bases.values():
             bursts.http_burst(base, bursts.burst_prompts(n, vocab, seed=99), 4)  # warm-up
-        for repeat in range(REPEATS):
+        bursts.engine_burst(engine, bursts.burst_prompts(n, vocab, seed=99), 4)
+        for repeat in range(BURST_REPEATS):
             batch = bursts.burst_prompts(n, vocab, seed=repeat)
-            for system, base in bases.items():
-                seconds, tokens, _ = bursts.http_burst(base, batch, new)  # each server has its own prefix cache
+            for system, (name, stream) in http.items():
+                time.sleep(SETTLE_S)
+                cpu = time.process_time()
+                seconds, tokens, _ = bursts.http_burst(bases[name], batch, new, stream)  # own prefix caches
+                client_cpu[system].append(time.process_time() - cpu)
                 runs[system].append((seconds, tokens))
-            runs["transformers generate, padded batch"].append(bursts.hf_padded_batch(hf, batch, new, pad))
-            for system, base in bases.items():
+            time.sleep(SETTLE_S)
+            runs[inproc].append(bursts.engine_burst(engine, batch, new))
+            time.sleep(SETTLE_S)
+            runs[hf_name].append(bursts.hf_padded_batch(hf, batch, new, pad))
+            for name, base in bases.items() if repeat < REPEATS else ():
                 running = bursts.burst_prompts(4, vocab, seed=1000 + repeat)
                 arriving = bursts.burst_prompts(n, vocab, seed=2000 + repeat)
-                under[system].append(bursts.streams_under_burst(base, running, arriving, new, at=0.5))
+                under[name].append(bursts.streams_under_burst(base, running, arriving, new, at=0.5))
     for system, results in runs.items():
         row(f"burst of {n}", system, *min(results))
+    hf_rate = max(t / s for s, t in runs[hf_name])
     notes = []
-    hf_rate = max(t / s for s, t in runs["transformers generate, padded batch"])
-    for system, results in under.items():
+    for system in [inproc, *http]:
         rate = max(t / s for s, t in runs[system])
+        cpu = f" (the client's CPU: {1000 * statistics.median(client_cpu[system]):.0f} ms a burst)" if system in http else ""
+        notes.append(f"burst of {n}: {system} / transformers padded batch = {rate / hf_rate:.2f}x{cpu}")
+    for name, results in under.items():
         mid = sorted(results, key=lambda u: u.itl_p99_burst)[len(results) // 2]  # the median repeat
-        notes.append(f"burst of {n}: {system} / transformers padded batch = {rate / hf_rate:.2f}x")
-        notes.append(f"streams under a burst of {n}, {system}: TTFT p50 {mid.ttft_p50 * 1000:.0f} ms, "
+        notes.append(f"streams under a burst of {n}, {name}: TTFT p50 {mid.ttft_p50 * 1000:.0f} ms, "
                      f"p99 {mid.ttft_p99 * 1000:.0f} ms; running streams' inter-token p99 "
                      f"{mid.itl_p99_burst * 1000:.0f} ms during the burst vs {mid.itl_p99_steady * 1000:.0f} ms "
                      f"steady ({mid.itl_p99_burst / mid.itl_p99_steady:.2f}x; median of {len(results)} repeats)")
@@ -185,7 +204,8 @@ def finish(rows: list[dict], burst_notes: list[str], engine: Engine, args, promp
         print("\n".join(burst_notes))
         notes = burst_notes + [f"Embedded model at {engine.model_dir}; float32; reference torch ops; burst prompts "
                                f"{bursts.PROMPT_LENGTHS[0]}-{bursts.PROMPT_LENGTHS[1]} random tokens, {args.burst_tokens} "
-                               f"new tokens each, EOS ignored.", f"torch threads: {torch.get_num_threads()}."]
+                               f"new tokens each, EOS ignored; each burst row is the best of {BURST_REPEATS} bursts, the systems alternated, "
+                               f"a {SETTLE_S} s pause before each.", f"torch threads: {torch.get_num_threads()}."]
         path = write_report("engine-burst", "Engine burst over HTTP vs transformers", rows, device="cpu", notes=notes,
                             out_dir=args.out_dir, interpreter_timings=False)
         print(f"wrote {path}")

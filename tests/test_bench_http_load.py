@@ -85,3 +85,41 @@ def test_burst_gaps_split_into_steady_and_during_the_burst():
     stream = RequestResult(0.0, 0.1, 3.6, 7, chunk_times=(0.1, 0.5, 0.9, 1.2, 2.2, 2.4, 3.5, 3.6))
     steady, during = gaps_around([stream], at=1.0, end=3.0)
     assert steady == pytest.approx([0.4, 0.4, 0.1]) and during == pytest.approx([0.3, 1.0, 0.2, 1.1])
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 64, 1 << 16])
+def test_chunked_bodies_are_split_into_lines_whatever_blocks_they_arrive_in(block):
+    import asyncio
+
+    from bench.http_load import _chunked_lines
+
+    lines = [b"data: {\"a\": 1}", b"", b"data: {\"b\": 22}", b"", b"data: [DONE]", b"", b"tail without newline"]
+    body = b"\n".join(lines)
+    cuts = [0, 5, 6, 30, 31, len(body)]  # a line split across chunks, a chunk holding several lines
+    wire = b"".join(b"%x;ext=1\r\n" % (b - a) + body[a:b] + b"\r\n" if i % 2 else b"%x\r\n" % (b - a) + body[a:b] + b"\r\n"
+                    for i, (a, b) in enumerate(zip(cuts, cuts[1:])) if b > a) + b"0\r\n\r\n"
+
+    async def read_all(data: bytes) -> list[bytes]:
+        reader = asyncio.StreamReader()
+        for i in range(0, len(data), block):
+            reader.feed_data(data[i:i + block])
+        reader.feed_eof()
+        return [line async for line in _chunked_lines(reader)]
+
+    assert asyncio.run(read_all(wire)) == lines
+    cut_short = wire[:-len(b"0\r\n\r\n")]  # the connection closed before the last chunk: what came is kept
+    assert asyncio.run(read_all(cut_short)) == lines
+
+
+def test_a_burst_does_equal_work_in_process_and_over_http_streamed_or_not(served):
+    from bench.burst import burst_prompts, engine_burst, http_burst
+
+    base, engine = served
+    prompts = burst_prompts(4, engine.model_config.vocab_size, seed=5)
+    assert all(16 <= len(p) <= 64 for p in prompts)
+    seconds, tokens = engine_burst(Engine(EngineConfig()), prompts, 3)
+    assert seconds > 0 and tokens == 4 * 3
+    for stream in (False, True):
+        seconds, tokens, results = http_burst(base, prompts, 3, stream)
+        assert tokens == 4 * 3 and len(results) == 4 and all(r.latency <= seconds for r in results)
+        assert all(len(r.chunk_times) == (3 if stream else 0) for r in results)

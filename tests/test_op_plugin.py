@@ -101,6 +101,7 @@ PROPOSE = '''
 import json, sys
 from kernelloop.agent.proposers.base import TuneContext
 from kernelloop.agent.proposers.search import SearchProposer
+from kernelloop.kernels.device import CPU
 from kernelloop.kernels.ops import baseline_source, get_op
 ctx = TuneContext(spec=get_op("toy"), dtype="float32", device=CPU, shapes=({"rows": 4, "n": 96},), best_source=None,
                   baseline_source=baseline_source("toy"), roofline={}, failures=())

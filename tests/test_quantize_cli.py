@@ -15,7 +15,7 @@ from kernelloop.agent import cli
 from kernelloop.agent.gate_config import GATE_PROMPTS, GateConfig
 from kernelloop.agent.quantize import apply
 from kernelloop.history import History
-from kernelloop.kernels.device import CPU
+from kernelloop.kernels.device import CPU, Device
 from kernelloop.kernels.ops import baseline_source
 from kernelloop.kernels.quant import SCHEMES
 from kernelloop.kernels.registry import ANY_BUCKET, Provenance
@@ -34,7 +34,7 @@ def stubbed(monkeypatch):
     """The gate made light and the sandbox's verdicts stubbed; `gate_budget` and `correct` steer them."""
     knobs = {"gate_budget": None, "correct": True}
 
-    def gate(budget: float, device: str) -> GateConfig:
+    def gate(budget: float, device: Device) -> GateConfig:
         chosen = knobs["gate_budget"] if knobs["gate_budget"] is not None else budget
         return GateConfig(prompts=GATE_PROMPTS[:1], max_tokens=1, speed_rounds=1, runaway_tokens=0,
                           invariance_tokens=0, tasks="off", kl_budget=chosen)

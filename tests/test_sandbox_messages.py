@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from kernelloop.kernels.device import CPU, Device
 from kernelloop.kernels.ops import get_op
 from kernelloop.sandbox import CheckOptions, Sandbox, messages, wire
 from kernelloop.sandbox.inside import capture
@@ -102,7 +103,7 @@ def test_nested_declared_fields_are_checked_too(path: tuple[str, ...], value: An
         messages.parse(forged, "result")
 
 
-def _child(device: str = "cpu") -> tuple[Child, wire.Channel, list[socket.socket]]:
+def _child(device: Device = CPU) -> tuple[Child, wire.Channel, list[socket.socket]]:
     """The judge's handle on a channel with no process behind it: the test plays the child."""
     ours, theirs = socket.socketpair()
     child = Child.__new__(Child)

@@ -51,6 +51,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admission-window-ms", type=float, default=5.0, metavar="MS",
                    help="hold a step that would admit a fresh arrival until MS milliseconds after it arrived, so a "
                         "burst lands in one prefill (default 5; 0: off)")
+    p.add_argument("--admission-gap-ms", type=float, default=1.0, metavar="MS",
+                   help="...but stop holding once no request has arrived or been in reading for MS milliseconds, so "
+                        "a lone request waits only that long (default 1)")
 
 
 def positive_int(text: str) -> int:
@@ -90,13 +93,16 @@ def engine_config(args: argparse.Namespace):
         raise KernelloopError("--fallback is only used with --kernels registry")
     if not 0 <= args.admission_window_ms <= 1000:
         raise KernelloopError(f"--admission-window-ms must be between 0 and 1000, not {args.admission_window_ms}")
+    if not 0 <= args.admission_gap_ms <= 1000:
+        raise KernelloopError(f"--admission-gap-ms must be between 0 and 1000, not {args.admission_gap_ms}")
     return EngineConfig(
         model=args.model, device=device, dtype=args.dtype, kernels=kernels, registry=args.registry,
         fallback=args.fallback, deterministic=args.deterministic,
         kv_cache_bytes=args.kv_cache_mb << 20 if args.kv_cache_mb else None, max_context=args.max_model_len,
         prefix_cache=not args.no_prefix_cache,
         scheduler=SchedulerConfig(max_running_requests=args.max_running, chunk_size=args.chunked_prefill_size,
-                                  mixed=args.mixed_chunk, admission_window=args.admission_window_ms / 1000),
+                                  mixed=args.mixed_chunk, admission_window=args.admission_window_ms / 1000,
+                                  admission_gap=args.admission_gap_ms / 1000),
     )
 
 

@@ -19,8 +19,9 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from kernelloop.engine.engine import Engine, StepOutput
 from kernelloop.engine.sampling import SamplingParams
@@ -38,6 +39,21 @@ class _Held:
     started: bool = False
 
 
+class Arrival:
+    """A request the server has begun to read and not yet added to the engine (`EngineLoop.arriving`):
+    while one is open, a step that would admit a fresh arrival keeps waiting for it (within the window)."""
+
+    def __init__(self, loop: "EngineLoop"):
+        self._loop, self._open = loop, True
+
+    def close(self) -> None:
+        """Idempotent; called from either thread (the engine's when it adds the request)."""
+        with self._loop._arrivals_lock:
+            if self._open:
+                self._open = False
+                self._loop._arriving -= 1
+
+
 class EngineLoop:
     def __init__(self, engine: Engine, stream_interval: int = 1):
         if stream_interval < 1:
@@ -52,6 +68,8 @@ class EngineLoop:
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) per step, last 10 s
         self.step_hooks: list[Callable[[float, int], None]] = []  # called with (step seconds, tokens)
         self.error: str | None = None
+        self._arriving = 0  # open Arrivals
+        self._arrivals_lock = threading.Lock()
 
     def start(self) -> "EngineLoop":
         """Run the loop in its own thread (tests, embedding callers)."""
@@ -73,19 +91,41 @@ class EngineLoop:
 
     # -- called from the server's event loop ---------------------------------------------------
 
+    @property
+    def open_arrivals(self) -> int:
+        return self._arriving
+
+    @contextmanager
+    def arriving(self) -> Iterator[Arrival]:
+        """Open from the moment the server starts reading a request until it is added (pass it to `submit`)
+        or refused, so the admission window knows more of a burst is on its way."""
+        with self._arrivals_lock:
+            self._arriving += 1
+        arrival = Arrival(self)
+        try:
+            yield arrival
+        finally:
+            arrival.close()
+
     async def submit(self, prompt_ids: list[int], params: SamplingParams,
-                     prepare: Callable[[str], None] | None = None, stream: bool = True) -> tuple[str, asyncio.Queue]:
+                     prepare: Callable[[str], None] | None = None, stream: bool = True,
+                     arrival: Arrival | None = None) -> tuple[str, asyncio.Queue]:
         """Add a request; its StepOutputs arrive on the returned queue. Raises what add_request raises.
 
         `prepare(rid)` runs in the loop thread right after the request is added, before any step.
         `stream=False`: the queue receives one output, all tokens merged, when the request finishes;
-        streamed, the first output at once and then one every `stream_interval` tokens.
+        streamed, the first output at once and then one every `stream_interval` tokens. `arrival` is
+        closed in the loop thread as the request is added.
         """
         out: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
         def add() -> str:
-            req = self.engine.add_request(prompt_ids, params)
+            try:
+                req = self.engine.add_request(prompt_ids, params)
+            finally:
+                if arrival is not None:
+                    arrival.close()
             self._sinks[req.rid] = (loop, out)
             if not stream or self.stream_interval > 1:
                 self._held[req.rid] = _Held(None if not stream else self.stream_interval)
@@ -146,19 +186,27 @@ class EngineLoop:
             self._deliver(outputs)
 
     def _hold_for_burst(self) -> None:
-        """Admission window: before a step that would admit a fresh arrival, take commands until the
-        window has passed since the oldest such arrival, so a burst spread over a few milliseconds lands
-        in one prefill. Requests that waited before (retracted, or no room) do not hold the step."""
-        window = self.engine.scheduler.config.admission_window
-        if window <= 0:
+        """Admission window: before a step that would admit a fresh arrival, take commands while more of
+        its burst is coming: while the server is reading a request (an open Arrival), or until the gap has
+        passed since the latest arrival; never past the window since the oldest one. So a burst spread over
+        a few milliseconds lands in one prefill, and a lone request waits only the gap. Requests that waited
+        before (retracted, or no room) do not hold the step."""
+        config = self.engine.scheduler.config
+        if config.admission_window <= 0:
             return
-        fresh = [r.arrived_at for r in self.engine.scheduler.waiting if r.row is None and not r.output_ids
-                 and r.retractions == 0]
+        fresh = self._fresh_arrivals()
         if not fresh:
             return
-        deadline = min(fresh) + window
-        while (left := deadline - time.perf_counter()) > 0 and not self._stop.is_set():
+        deadline = min(fresh) + config.admission_window
+        while not self._stop.is_set():
+            until = deadline if self._arriving > 0 else min(deadline, max(self._fresh_arrivals()) + config.admission_gap)
+            if (left := until - time.perf_counter()) <= 0:
+                return
             self._drain_commands(block=True, timeout=left)
+
+    def _fresh_arrivals(self) -> list[float]:
+        return [r.arrived_at for r in self.engine.scheduler.waiting if r.row is None and not r.output_ids
+                and r.retractions == 0]
 
     def _drain_commands(self, block: bool, timeout: float = 0.05) -> None:
         try:

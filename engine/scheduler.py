@@ -39,6 +39,7 @@ class SchedulerConfig:
     chunk_size: int = 2048
     mixed: bool = False  # prefill chunks ride in the same forward as the running decodes
     admission_window: float = 0.005  # seconds the serving loop holds a new arrival for the rest of its burst; 0: off
+    admission_gap: float = 0.001  # ... of which it stops holding once no request arrived or is being read for this long
 
 
 @dataclass

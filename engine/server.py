@@ -27,7 +27,7 @@ from kernelloop.engine import audit_endpoint, gate_endpoint, reload_endpoint
 from kernelloop.engine.audit_queue import AuditQueue
 from kernelloop.engine.detokenizer import TokenBytes
 from kernelloop.engine.engine import InvalidRequest, StepOutput
-from kernelloop.engine.loop import EngineLoop, merge_outputs, next_output
+from kernelloop.engine.loop import Arrival, EngineLoop, merge_outputs, next_output
 from kernelloop.engine.metrics import render_metrics
 from kernelloop.engine.openai_api import (
     APIError,
@@ -116,11 +116,11 @@ async def until_disconnected(http: HTTPRequest) -> None:
 
 async def answer(loop: EngineLoop, http: HTTPRequest, body: CompletionRequest | ChatRequest, ids: list[int],
                  params: SamplingParams, reply: CompletionReply | ChatReply,
-                 audit: AuditQueue | None = None) -> Response | dict[str, Any]:
+                 audit: AuditQueue | None = None, arrival: Arrival | None = None) -> Response | dict[str, Any]:
     """Run one completion (or chat) request: an event stream of `reply` chunks, or `reply` whole; a finished
     request is offered to the shadow audit's queue (`audit`)."""
     try:
-        rid, queue = await loop.submit(ids, params, stream=body.stream)
+        rid, queue = await loop.submit(ids, params, stream=body.stream, arrival=arrival)
     except InvalidRequest as exc:
         raise APIError(400, str(exc), param="prompt") from None
     if body.stream:
@@ -270,27 +270,29 @@ def create_app(loop: EngineLoop, model_names: str | Sequence[str], max_body_byte
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
-        body = await read(http, CompletionRequest)
-        model_name = check_model(body.model)
-        prompt = body.prompt_text_or_ids()
-        params = sampling(body, body.logprobs)
-        if isinstance(prompt, str):
-            ids = await asyncio.to_thread(engine.tokenizer.encode_without_gil, prompt)
-        else:
-            ids = list(prompt)
-        reply = CompletionReply(new_id("cmpl"), model_name, params.logprobs is not None, token_text)
-        return await answer(loop, http, body, ids, params, reply, audit)
+        with loop.arriving() as arrival:
+            body = await read(http, CompletionRequest)
+            model_name = check_model(body.model)
+            prompt = body.prompt_text_or_ids()
+            params = sampling(body, body.logprobs)
+            if isinstance(prompt, str):
+                ids = await asyncio.to_thread(engine.tokenizer.encode_without_gil, prompt)
+            else:
+                ids = list(prompt)
+            reply = CompletionReply(new_id("cmpl"), model_name, params.logprobs is not None, token_text)
+            return await answer(loop, http, body, ids, params, reply, audit, arrival)
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
-        body = await read(http, ChatRequest)
-        model_name = check_model(body.model)
-        if body.max_completion_tokens is not None and body.max_tokens is None:
-            body.max_tokens = body.max_completion_tokens
-        params = sampling(body, body.logprob_count())
-        ids = await asyncio.to_thread(chat_prompt_ids, body)
-        reply = ChatReply(new_id("chatcmpl"), model_name, params.logprobs is not None, token_text, token_bytes)
-        return await answer(loop, http, body, ids, params, reply, audit)
+        with loop.arriving() as arrival:
+            body = await read(http, ChatRequest)
+            model_name = check_model(body.model)
+            if body.max_completion_tokens is not None and body.max_tokens is None:
+                body.max_tokens = body.max_completion_tokens
+            params = sampling(body, body.logprob_count())
+            ids = await asyncio.to_thread(chat_prompt_ids, body)
+            reply = ChatReply(new_id("chatcmpl"), model_name, params.logprobs is not None, token_text, token_bytes)
+            return await answer(loop, http, body, ids, params, reply, audit, arrival)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -5,7 +5,9 @@ tokens as separate prefill and decode steps, a long prompt chunked while others 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import time
 
 import pytest
 
@@ -100,7 +102,8 @@ def test_retraction_in_mixed_mode_keeps_results():
 
 @pytest.mark.parametrize("window", [0.25, 0.0])
 def test_the_admission_window_puts_a_burst_into_one_prefill(window):
-    engine = Engine(EngineConfig(scheduler=SchedulerConfig(admission_window=window)))
+    # the gap as long as the window: the step waits for the whole window (the arrivals are 10 ms apart)
+    engine = Engine(EngineConfig(scheduler=SchedulerConfig(admission_window=window, admission_gap=window)))
     batches = recorded(engine)
     loop = EngineLoop(engine).start()
     prompts = random_prompts([12, 30, 5, 18], 8)
@@ -124,3 +127,86 @@ def test_the_admission_window_puts_a_burst_into_one_prefill(window):
         assert first.mode == "extend" and len(first.requests) == 4
     else:
         assert len(first.requests) == 1
+
+
+def first_batch_and_wait(window: float, gap: float, scenario, all_added: bool = True) -> tuple[ScheduledBatch, float]:
+    """Run `scenario(loop, params)` (a coroutine function returning the queues to drain, and the moment
+    the first request was submitted) against a serving loop; the first batch and how long the first
+    submitted request waited for its first token."""
+    engine = Engine(EngineConfig(scheduler=SchedulerConfig(admission_window=window, admission_gap=gap)))
+    batches = recorded(engine)
+    loop = EngineLoop(engine).start()
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+
+    async def run() -> float:
+        queues, submitted = await scenario(loop, params)
+        first = await queues[0].get()
+        waited = time.perf_counter() - submitted
+        for q, out in [(queues[0], first)] + [(q, None) for q in queues[1:]]:
+            while not (out or await q.get()).finished:
+                out = None
+        return waited
+
+    try:
+        waited = asyncio.run(run())
+    finally:
+        loop.stop()
+    assert loop.open_arrivals == 0 or not all_added
+    return batches[0], waited
+
+
+@pytest.mark.parametrize("gap", [0.01, 0.4])
+def test_a_lone_request_waits_only_the_gap_not_the_window(gap):
+    async def lone(loop, params):
+        submitted = time.perf_counter()
+        return [(await loop.submit(random_prompts([9], 1)[0], params))[1]], submitted
+
+    _, waited = first_batch_and_wait(0.4, gap, lone)
+    if gap < 0.4:
+        assert waited < 0.3
+    else:  # control: a gap as long as the window holds the lone request for the whole window
+        assert waited >= 0.4
+
+
+@pytest.mark.parametrize("reading", [True, False])
+def test_a_request_still_being_read_holds_the_step_past_the_gap(reading):
+    a, b = random_prompts([7, 11], 2)
+
+    async def one_being_read(loop, params):
+        submitted = time.perf_counter()
+        with loop.arriving() if reading else contextlib.nullcontext() as arrival:
+            queues = [(await loop.submit(b, params))[1]]
+            await asyncio.sleep(0.1)  # ten gaps: only the open arrival can keep the step waiting
+            queues.append((await loop.submit(a, params, arrival=arrival))[1])
+        return queues, submitted
+
+    first, _ = first_batch_and_wait(1.0, 0.01, one_being_read)
+    assert len(first.requests) == (2 if reading else 1)
+
+
+def test_an_arrival_that_never_comes_holds_the_step_no_longer_than_the_window():
+    async def never_added(loop, params):
+        submitted = time.perf_counter()
+        reading = loop.arriving()  # read, never submitted (as a request the server ends up refusing)
+        reading.__enter__()
+        queue = (await loop.submit(random_prompts([5], 3)[0], params))[1]
+        asyncio.get_running_loop().call_later(0.5, reading.__exit__, None, None, None)
+        return [queue], submitted
+
+    _, waited = first_batch_and_wait(0.15, 0.01, never_added, all_added=False)
+    assert 0.15 <= waited < 0.45
+
+
+def test_a_refused_request_closes_its_arrival():
+    import httpx
+
+    from tests.serving import serve
+
+    engine = Engine(EngineConfig())
+    with serve(engine, "m") as (base, loop):
+        bad = httpx.post(f"{base}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        wrong = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": [10**9], "max_tokens": 2})
+        good = httpx.post(f"{base}/v1/chat/completions", json={"model": "m", "max_tokens": 2,
+                                                               "messages": [{"role": "user", "content": "hi"}]})
+        assert (bad.status_code, wrong.status_code, good.status_code) == (400, 400, 200)
+        assert loop.open_arrivals == 0

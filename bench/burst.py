@@ -48,6 +48,11 @@ def engine_burst(engine: Engine, prompts: list[list[int]], new: int) -> tuple[fl
     return time.perf_counter() - start, sum(len(r.output_ids) for r in reqs)
 
 
+def lone_ttfts(base: str, vocab: int, n: int, seed: int) -> list[float]:
+    """TTFT (seconds) of `n` requests sent one at a time, each alone on the server (2 new tokens each)."""
+    return [send_all(base, [PlannedRequest(0.0, p, 2)])[1][0].ttft for p in burst_prompts(n, vocab, seed)]
+
+
 def hf_padded_batch(model, prompts: list[list[int]], new: int, pad_id: int) -> tuple[float, int]:
     """transformers' generate() on the prompts as one left-padded batch: (seconds, output tokens)."""
     width = max(len(p) for p in prompts)

@@ -51,6 +51,7 @@ REPEATS = 3  # each row is the best of this many runs: the least-disturbed one o
 # Pause before each burst: torch's OpenMP workers spin for a while after a parallel region, and a
 # process's spinning threads would take cores from the next row's run (another process's, or this one's).
 SETTLE_S = 0.25
+LONE_REQUESTS = 10  # per repeat: requests sent one at a time, for the TTFT of a request that arrives alone
 BURST_REPEATS = 7  # a burst takes ~0.1 s: more repeats, so each row's best is a quiet moment's
 
 
@@ -159,6 +160,7 @@ def burst_rows(engine: Engine, hf, pad: int, n: int, new: int, row) -> list[str]
     runs: dict[str, list[tuple[float, int]]] = {m: [] for m in [inproc, *http, hf_name]}
     client_cpu: dict[str, list[float]] = {m: [] for m in http}  # this process's CPU seconds per HTTP burst
     under: dict[str, list[bursts.UnderBurst]] = {m: [] for m in servers}
+    lone: dict[str, list[float]] = {m: [] for m in servers}
     with EngineServer(threads=threads) as plain, EngineServer(threads=threads, extra=mixed_flags) as mixed:
         bases = dict(zip(servers, (plain, mixed)))
         for base in bases.values():
@@ -177,6 +179,7 @@ def burst_rows(engine: Engine, hf, pad: int, n: int, new: int, row) -> list[str]
             time.sleep(SETTLE_S)
             runs[hf_name].append(bursts.hf_padded_batch(hf, batch, new, pad))
             for name, base in bases.items() if repeat < REPEATS else ():
+                lone[name] += bursts.lone_ttfts(base, vocab, LONE_REQUESTS, seed=3000 + repeat)
                 running = bursts.burst_prompts(4, vocab, seed=1000 + repeat)
                 arriving = bursts.burst_prompts(n, vocab, seed=2000 + repeat)
                 under[name].append(bursts.streams_under_burst(base, running, arriving, new, at=0.5))
@@ -194,6 +197,8 @@ def burst_rows(engine: Engine, hf, pad: int, n: int, new: int, row) -> list[str]
                      f"p99 {mid.ttft_p99 * 1000:.0f} ms; running streams' inter-token p99 "
                      f"{mid.itl_p99_burst * 1000:.0f} ms during the burst vs {mid.itl_p99_steady * 1000:.0f} ms "
                      f"steady ({mid.itl_p99_burst / mid.itl_p99_steady:.2f}x; median of {len(results)} repeats)")
+        notes.append(f"a lone request, {name}: TTFT p50 {statistics.median(lone[name]) * 1000:.1f} ms "
+                     f"({len(lone[name])} requests of 16-64 tokens, one at a time)")
     return notes
 
 

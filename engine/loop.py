@@ -198,11 +198,12 @@ class EngineLoop:
         if not fresh:
             return
         deadline = min(fresh) + config.admission_window
-        while not self._stop.is_set():
-            until = deadline if self._arriving > 0 else min(deadline, max(self._fresh_arrivals()) + config.admission_gap)
+        while not self._stop.is_set() and fresh:
+            until = deadline if self._arriving > 0 else min(deadline, max(fresh) + config.admission_gap)
             if (left := until - time.perf_counter()) <= 0:
                 return
             self._drain_commands(block=True, timeout=left)
+            fresh = self._fresh_arrivals()  # a command may have added some, or aborted them all
 
     def _fresh_arrivals(self) -> list[float]:
         return [r.arrived_at for r in self.engine.scheduler.waiting if r.row is None and not r.output_ids

@@ -210,3 +210,25 @@ def test_a_refused_request_closes_its_arrival():
                                                                "messages": [{"role": "user", "content": "hi"}]})
         assert (bad.status_code, wrong.status_code, good.status_code) == (400, 400, 200)
         assert loop.open_arrivals == 0
+
+
+def test_arrivals_aborted_while_held_leave_the_loop_serving():
+    engine = Engine(EngineConfig(scheduler=SchedulerConfig(admission_window=1.0, admission_gap=0.5)))
+    loop = EngineLoop(engine).start()
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+
+    async def run() -> bool:
+        rid, _ = await loop.submit(random_prompts([6], 4)[0], params)
+        await asyncio.sleep(0.05)  # held: its burst might go on for another 0.45 s
+        loop.abort(rid)  # the only fresh arrival is gone while the step waits for more
+        await asyncio.sleep(0.05)
+        queue = (await loop.submit(random_prompts([8], 5)[0], params))[1]
+        while not (await queue.get()).finished:
+            pass
+        return True
+
+    try:
+        assert asyncio.run(asyncio.wait_for(run(), 20))  # a dead loop thread answers nothing
+    finally:
+        loop.stop()
+    assert loop.error is None and loop.open_arrivals == 0

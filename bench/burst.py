@@ -2,8 +2,8 @@
 
 - burst: N clients each send one greedy request at the same moment (prompts of 16-64 random tokens,
   `new` tokens each) to `engine serve`, streamed or not; against transformers' `generate()` on the same
-  prompts as one left-padded batch, in this process, same torch threads; and the same prompts given to
-  an in-process Engine, which tells the HTTP layer's share apart. Each repeat draws fresh prompts, so
+  prompts as one left-padded batch, in this process, same torch threads (bench.engine_throughput also
+  gives them to an in-process Engine, which tells the HTTP layer's share apart). Each repeat draws fresh prompts, so
   the prefix cache does not help the engine.
 - streams under a burst: `streams` requests decode (streamed, long outputs); once they are in steady
   state the burst arrives. TTFT p50/p99 of the burst's requests, and the inter-token latency p99 of
@@ -18,11 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelloop.engine.engine import Engine
-from kernelloop.engine.sampling import SamplingParams
-
 from bench.agent_workload import percentile
-from bench.http_load import PlannedRequest, RequestResult, send_all
+from bench.http_load import PlannedRequest, RequestResult, send_all, send_one_by_one
 
 PROMPT_LENGTHS = (16, 64)
 
@@ -40,17 +37,10 @@ def http_burst(base: str, prompts: list[list[int]], new: int,
     return seconds, sum(r.output_tokens for r in results), results
 
 
-def engine_burst(engine: Engine, prompts: list[list[int]], new: int) -> tuple[float, int]:
-    """The same burst in-process (`Engine.generate`, no HTTP): (seconds, output tokens)."""
-    params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
-    start = time.perf_counter()
-    reqs = engine.generate(prompts, params)
-    return time.perf_counter() - start, sum(len(r.output_ids) for r in reqs)
-
-
 def lone_ttfts(base: str, vocab: int, n: int, seed: int) -> list[float]:
     """TTFT (seconds) of `n` requests sent one at a time, each alone on the server (2 new tokens each)."""
-    return [send_all(base, [PlannedRequest(0.0, p, 2)])[1][0].ttft for p in burst_prompts(n, vocab, seed)]
+    _, results = send_one_by_one(base, [PlannedRequest(0.0, p, 2) for p in burst_prompts(n, vocab, seed)])
+    return [r.ttft for r in results]
 
 
 def hf_padded_batch(model, prompts: list[list[int]], new: int, pad_id: int) -> tuple[float, int]:

@@ -165,7 +165,7 @@ def burst_rows(engine: Engine, hf, pad: int, n: int, new: int, row) -> list[str]
         bases = dict(zip(servers, (plain, mixed)))
         for base in bases.values():
             bursts.http_burst(base, bursts.burst_prompts(n, vocab, seed=99), 4)  # warm-up
-        bursts.engine_burst(engine, bursts.burst_prompts(n, vocab, seed=99), 4)
+        run_engine(engine, bursts.burst_prompts(n, vocab, seed=99), 4)
         for repeat in range(BURST_REPEATS):
             batch = bursts.burst_prompts(n, vocab, seed=repeat)
             for system, (name, stream) in http.items():
@@ -175,7 +175,7 @@ def burst_rows(engine: Engine, hf, pad: int, n: int, new: int, row) -> list[str]
                 client_cpu[system].append(time.process_time() - cpu)
                 runs[system].append((seconds, tokens))
             time.sleep(SETTLE_S)
-            runs[inproc].append(bursts.engine_burst(engine, batch, new))
+            runs[inproc].append(run_engine(engine, batch, new))
             time.sleep(SETTLE_S)
             runs[hf_name].append(bursts.hf_padded_batch(hf, batch, new, pad))
             for name, base in bases.items() if repeat < REPEATS else ():

@@ -45,6 +45,8 @@ class Arrival:
 
     def __init__(self, loop: "EngineLoop"):
         self._loop, self._open = loop, True
+        with loop._arrivals_lock:
+            loop._arriving += 1
 
     def close(self) -> None:
         """Idempotent; called from either thread (the engine's when it adds the request)."""
@@ -99,8 +101,6 @@ class EngineLoop:
     def arriving(self) -> Iterator[Arrival]:
         """Open from the moment the server starts reading a request until it is added (pass it to `submit`)
         or refused, so the admission window knows more of a burst is on its way."""
-        with self._arrivals_lock:
-            self._arriving += 1
         arrival = Arrival(self)
         try:
             yield arrival

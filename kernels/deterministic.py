@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from kernelloop.kernels.device import Fingerprint
 from kernelloop.kernels.precision import full_precision_matmuls
 from kernelloop.kernels.registry.entry import Entry, select_entry
 from kernelloop.kernels.spec import TOKEN_BUCKETS, OpSpec, shape_in_bucket
@@ -36,7 +37,7 @@ INVARIANT_REFERENCES = frozenset({"rmsnorm", "fused_add_rmsnorm", "silu_mul", "r
 ROWWISE = "rowwise"
 
 
-def invariant_entry(entries: Sequence[Entry], spec: OpSpec, fingerprint: str, dtype: str, bucket: str,
+def invariant_entry(entries: Sequence[Entry], spec: OpSpec, fingerprint: Fingerprint, dtype: str, bucket: str,
                     scope: str = "") -> Entry | None:
     """The registry entry deterministic mode may serve at `bucket`: batch invariant, and the same source
     at every size of the op's bucketed dims (the other dims as in `bucket`). None otherwise."""

@@ -69,7 +69,7 @@ class Device:
         return torch.device(self.kind)
 
     @property
-    def fingerprint(self) -> str:
+    def fingerprint(self) -> Fingerprint:
         """Registry key: `cpu-interpreter`, or the GPU's name and compute capability."""
         return _fingerprint(self.kind)
 

@@ -112,12 +112,13 @@ def test_chunked_bodies_are_split_into_lines_whatever_blocks_they_arrive_in(bloc
 
 
 def test_a_burst_does_equal_work_in_process_and_over_http_streamed_or_not(served):
-    from bench.burst import burst_prompts, engine_burst, http_burst
+    from bench.burst import burst_prompts, http_burst
+    from bench.engine_throughput import run_engine
 
     base, engine = served
     prompts = burst_prompts(4, engine.model_config.vocab_size, seed=5)
     assert all(16 <= len(p) <= 64 for p in prompts)
-    seconds, tokens = engine_burst(Engine(EngineConfig()), prompts, 3)
+    seconds, tokens = run_engine(Engine(EngineConfig()), prompts, 3)
     assert seconds > 0 and tokens == 4 * 3
     for stream in (False, True):
         seconds, tokens, results = http_burst(base, prompts, 3, stream)

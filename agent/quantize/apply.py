@@ -99,7 +99,7 @@ def scoped_entries(plan: dict[str, str], judged: dict[str, Judged], fingerprint:
     return out
 
 
-def commit_selection(registry: Registry, plan: dict[str, str], judged: dict[str, Judged], fingerprint: str, dtype: str,
+def commit_selection(registry: Registry, plan: dict[str, str], judged: dict[str, Judged], fingerprint: Fingerprint, dtype: str,
                      budget: float) -> str:
     """One registry commit replacing (fingerprint, dtype)'s scoped entries with the selection; its sha."""
     counts = {name: sum(1 for v in plan.values() if v == name) for name in sorted(set(plan.values()))}
@@ -143,7 +143,7 @@ def gate_commit(ctx: Any, before: dict[str, Any], commit_sha: str, interpreted: 
     return judge(before, after, speed, ctx.gate, interpreted=interpreted), speed
 
 
-def record_rollback(history: Any, sha: str, fingerprint: str, dtype: str, why: str, ok: bool = True) -> None:
+def record_rollback(history: Any, sha: str, fingerprint: Fingerprint, dtype: str, why: str, ok: bool = True) -> None:
     """The history's "rollback" event for a quantize commit (after its "quantize" and any "gate" event)."""
     history.record_registry_event("rollback", None, commit_sha=sha, device=fingerprint, dtype=dtype, ok=ok,
                                   detail={"why": why, "quantize": True})

@@ -123,4 +123,5 @@ def test_a_burst_does_equal_work_in_process_and_over_http_streamed_or_not(served
     for stream in (False, True):
         seconds, tokens, results = http_burst(base, prompts, 3, stream)
         assert tokens == 4 * 3 and len(results) == 4 and all(r.latency <= seconds for r in results)
-        assert all(len(r.chunk_times) == (3 if stream else 0) for r in results)
+        # a streamed request's waiting outputs go out as one chunk when the server's loop lags (engine.loop.next_output)
+        assert all((1 <= len(r.chunk_times) <= 3) if stream else not r.chunk_times for r in results)

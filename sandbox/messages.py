@@ -246,6 +246,7 @@ class Timing(TypedDict):
     shape: dict[str, int]
     dtype: str
     rounds: list[list[int]]  # a seed per call, per round
+    confirm: NotRequired[list[list[int]]]  # as many again, fresh seeds: rounds run when the first look is unsure
     asked_shape: NotRequired[dict[str, int]]  # the caller's shape, where the CPU times a smaller one
 
 

@@ -24,6 +24,9 @@ class CheckOptions:
     timing:       False skips the A/B timing (correctness only; `accepted` is then False).
     min_gain:     accept only when the speedup interval's lower bound exceeds 1 + min_gain.
     rounds:       interleaved A/B timing rounds; None: 7 on CPU, 15 on CUDA.
+    confirm:      as many rounds again (fresh seeds) when the planned rounds' median clears the bar
+                  and their interval does not, if the budget has room; the verdict is then judged on
+                  all rounds at the error the first look left (sandbox.judge.decisions.judge_timing).
     timeout_s:    wall-clock limit of one candidate's whole run; None: the device's default
                   (sandbox/judge/budget.py: 180 s on CPU, 120 s on CUDA), shared between correctness and timing.
     memory_mb:    memory a candidate may use beyond the pre-warmed process it starts from.
@@ -49,6 +52,7 @@ class CheckOptions:
     timing: bool = True
     min_gain: float = 0.03
     rounds: int | None = None
+    confirm: bool = True
     timeout_s: float | None = None
     memory_mb: int = 4096
     seed: int | None = None

@@ -155,17 +155,17 @@ def first_batch_and_wait(window: float, gap: float, scenario, all_added: bool = 
     return batches[0], waited
 
 
-@pytest.mark.parametrize("gap", [0.01, 0.4])
+@pytest.mark.parametrize("gap", [0.01, 1.0])
 def test_a_lone_request_waits_only_the_gap_not_the_window(gap):
     async def lone(loop, params):
         submitted = time.perf_counter()
         return [(await loop.submit(random_prompts([9], 1)[0], params))[1]], submitted
 
-    _, waited = first_batch_and_wait(0.4, gap, lone)
-    if gap < 0.4:
-        assert waited < 0.3
+    _, waited = first_batch_and_wait(1.0, gap, lone)
+    if gap < 1.0:
+        assert waited < 0.8  # the gap and a tiny prefill; the margin is for a busy machine
     else:  # control: a gap as long as the window holds the lone request for the whole window
-        assert waited >= 0.4
+        assert waited >= 1.0
 
 
 @pytest.mark.parametrize("reading", [True, False])
@@ -176,7 +176,7 @@ def test_a_request_still_being_read_holds_the_step_past_the_gap(reading):
         submitted = time.perf_counter()
         with loop.arriving() if reading else contextlib.nullcontext() as arrival:
             queues = [(await loop.submit(b, params))[1]]
-            await asyncio.sleep(0.1)  # ten gaps: only the open arrival can keep the step waiting
+            await asyncio.sleep(0.3)  # thirty gaps: only the open arrival can keep the step waiting
             queues.append((await loop.submit(a, params, arrival=arrival))[1])
         return queues, submitted
 
@@ -190,11 +190,11 @@ def test_an_arrival_that_never_comes_holds_the_step_no_longer_than_the_window():
         reading = loop.arriving()  # read, never submitted (as a request the server ends up refusing)
         reading.__enter__()
         queue = (await loop.submit(random_prompts([5], 3)[0], params))[1]
-        asyncio.get_running_loop().call_later(0.5, reading.__exit__, None, None, None)
+        asyncio.get_running_loop().call_later(1.0, reading.__exit__, None, None, None)
         return [queue], submitted
 
     _, waited = first_batch_and_wait(0.15, 0.01, never_added, all_added=False)
-    assert 0.15 <= waited < 0.45
+    assert 0.15 <= waited < 0.9  # held by the window, not until the arrival closes at 1 s
 
 
 def test_a_refused_request_closes_its_arrival():

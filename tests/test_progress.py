@@ -189,17 +189,22 @@ def test_sandbox_timing_steps_count_rounds_and_say_the_budget_left(tmp_path: Pat
     sandbox = SimpleNamespace(options=SimpleNamespace(device=CPU), progress=messages.append, run=run,
                               checked_call=lambda *args: 0.001)  # the candidate and the baseline, every call
     timer = ABTimer(sandbox)
-    timer.baseline_children = lambda spec, timing, v, work: (None, None, "baseline")
+    sides = {"baseline": (None, None), "candidate": (None, None)}
 
     timing = {"shape": dict(spec.test_shapes[0]), "dtype": "float32", "rounds": [[1], [2], [3], [4]]}
     rounds: list = []
-    assert timer.time_rounds(spec, timing, Verdict(op="rmsnorm", device="", file="", sha256=""), tmp_path,
-                                 None, None, rounds)
+    v = Verdict(op="rmsnorm", device="", file="", sha256="")
+    assert timer.time_rounds(spec, timing, v, sides, "baseline", [[0]] + timing["rounds"], "timing", rounds)
     steps = _steps(messages)
     assert [(s.task, s.done, s.total) for s in steps] == [("sandbox timing", r, 4) for r in (1, 2, 3, 4)]
     assert steps[0].startswith("timing round 1/4 (") and "s of the 180 s budget left" in steps[0]
     assert all(s.deadline == run.deadline and 55 <= s.seconds_left() <= 61 for s in steps)
     assert len(rounds) == 4
+    # confirmation rounds: no warm-up, counted on their own
+    messages.clear()
+    assert timer.time_rounds(spec, timing, v, sides, "baseline", [[5], [6]], "confirmation", rounds)
+    assert [(s.task, s.done, s.total) for s in _steps(messages)] == [("sandbox confirmation", r, 2) for r in (1, 2)]
+    assert len(rounds) == 6
 
 
 def test_profile_over_http_counts_requests_done(monkeypatch: pytest.MonkeyPatch) -> None:

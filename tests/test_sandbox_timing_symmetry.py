@@ -27,7 +27,7 @@ def test_both_sides_are_timed_in_replayers_of_the_same_age(tmp_path: Path, monke
 
     monkeypatch.setattr(Child, "start_replay", spy)
     options = CheckOptions(registry=tmp_path / "no-registry", seed=4, dtypes=("float32",), rounds=2,
-                           batch_invariance=False)
+                           batch_invariance=False, confirm=False)
     with Sandbox(options) as sandbox:
         v = sandbox.judge_source("rmsnorm", HONEST, "honest.py")
     assert v.correct and v.timing and v.timing["rounds"] == 2, v.reason

@@ -10,19 +10,27 @@ from statistics import median
 BOOTSTRAP_RESAMPLES = 2000
 
 
-def median_interval(ratios: list[float]) -> tuple[float, float, float]:
-    """Median of per-round ratios and its distribution-free 95% interval [x(k), x(n+1-k)] (sorted
-    ratios, 1-based), k the largest with P(Binomial(n, 1/2) < k) <= 2.5%: each round lands above or below
-    the true median with probability 1/2, whatever the noise's shape. Below 6 rounds no k reaches 95%
-    and the interval is [min, max]; at 7 (the CPU judge) it is [min, max] too: a claim needs every
-    round behind it."""
-    n, xs = len(ratios), sorted(ratios)
-    k, below = 1, 0.0  # below: P(Binomial(n, 1/2) <= k - 1)
-    while True:
-        below += comb(n, k - 1) / 2 ** n
-        if k >= n // 2 or below + comb(n, k) / 2 ** n > 0.025:
-            break
+ALPHA = 0.025  # each side of a two-sided 95% interval
+
+
+def order_rank(n: int, alpha: float = ALPHA) -> tuple[int, float]:
+    """(k, miss) of `median_interval` at n ratios: k the largest (at most n // 2, at least 1) with
+    miss = P(Binomial(n, 1/2) < k) <= alpha, the chance that x(k) lands above the true median."""
+    k, miss = 1, 1 / 2 ** n
+    while k < n // 2 and miss + comb(n, k) / 2 ** n <= alpha:
+        miss += comb(n, k) / 2 ** n
         k += 1
+    return k, miss
+
+
+def median_interval(ratios: list[float], alpha: float = ALPHA) -> tuple[float, float, float]:
+    """Median of per-round ratios and its distribution-free interval [x(k), x(n+1-k)] (sorted ratios,
+    1-based, k from `order_rank`): each round lands above or below the true median with probability
+    1/2, whatever the noise's shape, so each bound misses with at most `alpha` (95% two-sided by
+    default). Below 6 rounds no k reaches 95% and the interval is [min, max]; at 7 (the CPU judge) it
+    is [min, max] too: a claim needs every round behind it."""
+    n, xs = len(ratios), sorted(ratios)
+    k = order_rank(n, alpha)[0]
     return median(ratios), xs[k - 1], xs[n - k]
 
 

@@ -228,8 +228,10 @@ def make_plan(spec: OpSpec, options: CheckOptions, seed: int, atomics: bool = Fa
     if options.timing:
         rounds = options.rounds or (15 if not options.device.interpreted else 7)
         calls = 10 if not options.device.interpreted else 3
-        timing = Timing(shape=timing_shape(spec, options), dtype=timing_dtype(spec, options),
-                        rounds=[[rng.randrange(1 << 62) for _ in range(calls)] for _ in range(rounds)])
+        seeds = [[rng.randrange(1 << 62) for _ in range(calls)] for _ in range(2 * rounds)]
+        timing = Timing(shape=timing_shape(spec, options), dtype=timing_dtype(spec, options), rounds=seeds[:rounds])
+        if options.confirm:
+            timing["confirm"] = seeds[rounds:]
         if options.timing_shape and timing["shape"] != dict(options.timing_shape):
             timing["asked_shape"] = dict(options.timing_shape)  # cut to the interpreter's scale
     return Plan(trials=trials, timing=timing)

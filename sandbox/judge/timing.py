@@ -7,7 +7,9 @@ and processes: sandbox/judge/candidate_run.py). The baseline (the registry's cur
 device, dtype and bucket, else the op's own kernel) runs in its own runner and replayer, confined like a
 candidate, and the candidate's kernels are replayed in a replayer started for timing (the same age as the
 baseline's). Timing has the rest of the candidate's budget (sandbox/judge/budget.py); a candidate cut off
-here stays correct and is not accepted (`timing-incomplete`).
+here stays correct and is not accepted (`timing-incomplete`). A first look whose median clears the bar
+but whose interval does not earns the plan's confirmation rounds when the budget has room for them
+(sandbox.judge.decisions.worth_confirming, judge_timing's `first_look`).
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ class ABTimer:
             child.deadline = run.deadline
         rounds: list[dict[str, list[float]]] = []
         try:
-            if not self.time_rounds(spec, timing, v, work, runner, replayer, rounds):
+            base_runner, base_replayer, base_label = self.baseline_children(spec, timing, v, work)
+            sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
+            started = time.monotonic()
+            if not self.time_rounds(spec, timing, v, sides, base_label, [[0]] + timing["rounds"], "timing", rounds):
                 return
         except wire.ChannelTimeout:
             v.fail("timing-incomplete", run.budget.timing_cut(len(rounds), len(timing["rounds"])))
@@ -92,14 +97,32 @@ class ABTimer:
                                           for r in rounds]}
             v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
             return
-        v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
+        first_look = 0
+        if self.has_time_to_confirm(timing, rounds, started) and judging.worth_confirming(rounds, options.min_gain):
+            first_look = len(rounds)
+            try:
+                if not self.time_rounds(spec, timing, v, sides, base_label, timing["confirm"], "confirmation", rounds):
+                    return
+            except wire.ChannelTimeout:  # the planned rounds were complete: judge them alone
+                del rounds[first_look:]
+                first_look = 0
+        v.checks = [c for c in v.checks if not c.name.startswith(("timing round", "confirmation round"))]
         mode = "replay, cuda events after an L2 flush" if not options.device.interpreted else \
             "replay, replayer's CPU time (cpu-interpreter)"
         dtype = parse_dtype(timing["dtype"])
         rates = device_rates(options.device, dtype)  # measured once per device, then cached
-        judging.judge_timing(v, spec, timing["shape"], dtype, rounds, options.min_gain, rates, mode)
+        judging.judge_timing(v, spec, timing["shape"], dtype, rounds, options.min_gain, rates, mode, first_look)
         if "asked_shape" in timing:
             v.timing["asked_shape"] = timing["asked_shape"]
+
+    def has_time_to_confirm(self, timing: Timing, rounds: list, started: float) -> bool:
+        """The plan has confirmation rounds and, at the planned rounds' pace (warm-up included), they
+        would end well before the candidate's deadline."""
+        if not timing.get("confirm"):
+            return False
+        now = time.monotonic()
+        per_round = (now - started) / (len(rounds) + 1)
+        return now + 1.5 * per_round * len(timing["confirm"]) < self.sandbox.run.deadline
 
     def baseline_children(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path) -> tuple[Child, Child, str]:
         sandbox = self.sandbox
@@ -120,26 +143,28 @@ class ABTimer:
         base_replayer.cpu_timed = sandbox.options.device.interpreted
         return base_runner, base_replayer, base_label
 
-    def time_rounds(self, spec: OpSpec, timing: Timing, v: Verdict, work: Path, runner: Child, replayer: Child,
+    def time_rounds(self, spec: OpSpec, timing: Timing, v: Verdict, sides: dict[str, tuple[Child, Child]],
+                    base_label: str, seeds_per_round: list[list[int]], stage: str,
                     rounds: list[dict[str, list[float]]]) -> bool:
-        """Round 0 warms both replayers (untimed), then the planned rounds, appended to `rounds` as they
-        finish. False when the candidate failed a timed call (the verdict says how)."""
+        """Alternating A/B rounds, a round per seed list, appended to `rounds` as they finish; in the
+        "timing" stage the first list ([0]) only warms both replayers (untimed). False when the
+        candidate failed a timed call (the verdict says how)."""
         sandbox, run = self.sandbox, self.sandbox.run
-        base_runner, base_replayer, base_label = self.baseline_children(spec, timing, v, work)
-        sides = {"baseline": (base_runner, base_replayer), "candidate": (runner, replayer)}
         shape, dtype = timing["shape"], timing["dtype"]
-        for r, seeds in enumerate([[0]] + timing["rounds"]):
-            run.phase = f"timing round {r}/{len(timing['rounds'])}"
+        warm = stage == "timing"
+        planned = len(seeds_per_round) - warm
+        for r, seeds in enumerate(seeds_per_round, start=not warm):
+            run.phase = f"{stage} round {r}/{planned}"
             if r:
                 left = max(0.0, run.deadline - time.monotonic())
                 sandbox.progress(Step(f"{run.phase} ({left:.0f} s of the {run.budget.total_s:g} s budget left)",
-                                      "sandbox timing", r, len(timing["rounds"]), run.deadline))
+                                      f"sandbox {stage}", r, planned, run.deadline))
             order = ["baseline", "candidate"] if r % 2 else ["candidate", "baseline"]
             samples: dict[str, list[float]] = {"baseline": [], "candidate": []}
             for seed in seeds:
                 args = trial_inputs(spec, shape, dtype, seed, {})
                 expected = spec.reference(*args)
-                where = f"timing round {r} ({judging.label(shape, dtype)})"
+                where = f"{stage} round {r} ({judging.label(shape, dtype)})"
                 for side in order:
                     target = v if side == "candidate" else Verdict(op=spec.name, device="", file="", sha256="")
                     seconds = sandbox.checked_call(target, spec, *sides[side], where, args, expected, shape)
@@ -153,4 +178,3 @@ class ABTimer:
             if r:
                 rounds.append(samples)
         return True
-

@@ -27,6 +27,7 @@ from kernelloop.sandbox import CheckOptions, Sandbox
 from kernelloop.sandbox.cluster import ClusterJob, ClusterUnavailable, JudgePool
 from kernelloop.sandbox.cluster.session import import_ray, keep_loopback
 
+from bench.cpu_span import CpuSpan
 from bench.report import print_table, write_report
 from bench.sandbox_throughput import candidate_stream
 
@@ -43,14 +44,14 @@ def judge_local(sources: list[str], options: CheckOptions) -> dict[str, float]:
     load = os.getloadavg()[0]
     start = time.monotonic()
     each, correct = [], 0
-    with Sandbox(options) as sandbox:
+    with CpuSpan() as span, Sandbox(options) as sandbox:
         for i, source in enumerate(sources):
             t0 = time.monotonic()
             correct += sandbox.judge_source("rmsnorm", source, f"variant-{i}.py").correct
             each.append(time.monotonic() - t0)
             print(f"  local {i + 1}/{len(sources)} ({each[-1]:.1f} s)", file=sys.stderr, flush=True)
     return {"seconds": time.monotonic() - start, "median_s": _median(each[1:] or each), "correct": correct,
-            "load": (load + os.getloadavg()[0]) / 2}
+            "load": (load + os.getloadavg()[0]) / 2, "cpu": span}
 
 
 def judge_pool(address: str, workers: int, sources: list[str], options: CheckOptions) -> dict[str, float]:
@@ -64,11 +65,17 @@ def judge_pool(address: str, workers: int, sources: list[str], options: CheckOpt
 
         load = os.getloadavg()[0]
         start = time.monotonic()
-        verdicts = pool.judge(jobs, on_verdict=arrived)
+        with CpuSpan() as span:
+            verdicts = pool.judge(jobs, on_verdict=arrived)
         seconds = time.monotonic() - start
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     return {"seconds": seconds, "median_s": _median(gaps) if gaps else seconds,
-            "correct": sum(v.correct for v in verdicts), "load": (load + os.getloadavg()[0]) / 2}
+            "correct": sum(v.correct for v in verdicts), "load": (load + os.getloadavg()[0]) / 2, "cpu": span}
+
+
+def _ray_own(span: CpuSpan) -> float:
+    shares = span.shares()
+    return shares.get("ray daemons", 0.0) + shares.get("ray idle workers", 0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     rate = {name: len(sources) / r["seconds"] * 60 for name, r in results.items()}
     rows = [{"judge": name, "candidates": len(sources), "wall (s)": f"{r['seconds']:.1f}",
              "cand/min": f"{rate[name]:.1f}", "steady s between verdicts": f"{r['median_s']:.2f}",
-             "load avg (1 min)": f"{r['load']:.1f}"}
+             "load avg (1 min)": f"{r['load']:.1f}", "busy cores": f"{r['cpu'].cores():.2f}",
+             "Ray's own cores": f"{_ray_own(r['cpu']):.2f}", "driver cores": f"{r['cpu'].shares().get('driver', 0):.2f}"}
             for name, r in results.items()]
     most = f"{pools[-1]} actor{'s' * (pools[-1] > 1)}"
     ratio = rate[most] / rate["1 actor"]
@@ -133,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{most} / 1 actor: **{ratio:.2f}x**" + (f" (target on 2 idle cores: >= {TARGET_RATIO}x)." if device.interpreted else "."),
         f"Cluster overhead per candidate: **{overhead * 100:+.1f}%** of a local check (1 actor's steady "
         f"seconds per candidate vs the local judge's; target <= {TARGET_OVERHEAD * 100:.0f}%).",
+        "`busy cores`: the machine's busy CPU time over the stream's wall time (/proc/stat: every process, the "
+        "sandboxed ones included); `Ray's own cores`: what Ray's daemons (GCS, raylet, agents) and idle workers "
+        "used of it; `driver cores`: this process (the local judge itself; for a pool, the head's JudgePool). "
+        "2 actors can be at most (2 / one actor's busy cores)x one actor on 2 cores.",
         "The `load avg` column: the 1-minute load average, mean of its value before and after each stream "
         "(about 2 is this benchmark alone on 2 cores)."
         + (" Other work shared the machine during this run: the ratio and the overhead are noisy, not the "

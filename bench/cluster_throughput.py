@@ -4,12 +4,13 @@
 The same stream of distinct honest rmsnorm candidates (bench.sandbox_throughput's), with the same
 options, judged three ways on this machine: by the local judge (one Sandbox in this process), and
 through a Ray cluster started here (loopback, its own temp dir) by a JudgePool of 1 and of 2 actors.
-Reported: candidates per minute over the whole stream (each judge's fork server start included),
-the 2-actor / 1-actor ratio, and the cluster's own overhead per candidate: the 1-actor pool's
-steady-state seconds per candidate (median interval between verdicts after the first) against the
-local judge's (median per candidate after the first). On `--device cuda` (a gpu_check step) the pool
-has one actor per GPU; where Ray is not installed it prints a skip and exits 0. `--rehearse`: 2
-candidates on the CPU, the same code path.
+Each judge first judges a warm-up candidate per actor (each builds its Sandbox, fork server included,
+on its first job). Reported: candidates per minute from the start and over the warm stream alone, the
+2-actor / 1-actor ratio of both, the cluster's own overhead per candidate (the 1-actor pool's median
+interval between verdicts against the local judge's median per candidate), and the busy cores of each
+stream with Ray's and the driver's share (bench.cpu_span). On `--device cuda` (a gpu_check step) the
+pool has one actor per GPU; where Ray is not installed it prints a skip and exits 0. `--rehearse`: one
+candidate after the warm-ups, on the CPU: the code path only.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=8)
     parser.add_argument("--timing", action="store_true", help="judge with A/B timing too (slower)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--rehearse", action="store_true", help="2 candidates on the CPU: the code path only")
+    parser.add_argument("--rehearse", action="store_true", help="1 candidate after the warm-ups, on the CPU: the code path only")
     parser.add_argument("--out-dir", type=Path, default=None, help="report folder (default docs/benchmarks)")
     args = parser.parse_args(argv)
     device = CPU if args.rehearse else DEVICES[args.device]
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if gpus < 1:
             print(f"skipped: --device {device} and no GPU here")
             return 0
-    sources = candidate_stream((2 if args.rehearse else args.candidates) + 2)
+    sources = candidate_stream((1 if args.rehearse else args.candidates) + 2)
     sources, warmups = sources[:-2], sources[-2:]
     options = CheckOptions(device=device, registry=Path("/nonexistent-kernelloop-registry"), timing=args.timing,
                            dtypes=("float32",), seed=1, batch_invariance=False, timeout_s=600)

@@ -2,7 +2,8 @@
 kernel, several times, on an idle machine and under two busy loops, timed by the replayer's CPU time
 (what the judge uses) and by the judge's wall clock (what it used before).
 
-Every run is a whole sandbox judgement (correctness battery, then 7 interleaved timing rounds); the
+Every run is a whole sandbox judgement (correctness battery, then 7 interleaved timing rounds, and 7
+confirmation rounds when the first look is unsure); the
 table shows how far from 1.0 the speedup interval's lower bound went, and how many of the runs the judge
 accepted (its default gain, 1.03).
 The candidate and the baseline are the same text, so every acceptance is a false one.
@@ -59,8 +60,9 @@ def wall_clock_timing() -> Iterator[None]:
         children.Child._cpu_seconds = own
 
 
-def judge_self(op: str, runs: int, progress: str) -> list[tuple[float, float, float]]:
-    """(speedup, lower, upper) of `runs` judgements of the op's own kernel against itself."""
+def judge_self(op: str, runs: int, progress: str) -> list[tuple[float, float, float, bool, bool]]:
+    """(speedup, lower, upper, accepted, confirmed) of `runs` judgements of the op's own kernel against
+    itself; confirmed: the first look was unsure and confirmation rounds followed."""
     spec = get_op(op)
     source = inspect.getsource(sys.modules[spec.forward.__module__])
     options = CheckOptions(device="cpu", registry=NO_REGISTRY, dtypes=("bfloat16",), timing_dtype="bfloat16",
@@ -72,17 +74,20 @@ def judge_self(op: str, runs: int, progress: str) -> list[tuple[float, float, fl
             if not v.correct or not v.speedup_interval:
                 raise SystemExit(f"{progress}: the op's own kernel was not judged correct: {v.failure}: {v.reason}")
             lo, hi = v.speedup_interval
-            out.append((v.speedup, lo, hi))
-            print(f"  {progress} run {i + 1}/{runs}: {v.speedup:.3f} [{lo:.3f}, {hi:.3f}]", flush=True)
+            confirmed = "first_look_rounds" in v.timing
+            out.append((v.speedup, lo, hi, v.accepted, confirmed))
+            print(f"  {progress} run {i + 1}/{runs}: {v.speedup:.3f} [{lo:.3f}, {hi:.3f}]"
+                  + (f" after {v.timing['rounds']} rounds" if confirmed else ""), flush=True)
     return out
 
 
-def row(op: str, load: str, clock: str, results: list[tuple[float, float, float]]) -> dict[str, Any]:
-    lows = [lo for _, lo, _ in results]
+def row(op: str, load: str, clock: str, results: list[tuple[float, float, float, bool, bool]]) -> dict[str, Any]:
+    lows = [r[1] for r in results]
     return {"op": op, "machine": load, "clock": clock, "runs": len(results),
-            "median speedup (median of runs)": round(median(s for s, _, _ in results), 3),
+            "median speedup (median of runs)": round(median(r[0] for r in results), 3),
             "lower bounds (min..max)": f"{min(lows):.3f}..{max(lows):.3f}",
-            f"accepted (lower bound > {1 + ASKED_GAIN:.2f})": sum(lo > 1 + ASKED_GAIN for lo in lows)}
+            "confirmation rounds run": sum(r[4] for r in results),
+            f"accepted (lower bound > {1 + ASKED_GAIN:.2f})": sum(r[3] for r in results)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         device="cpu", out_dir=args.out_dir,
         notes=[f"Timed at {SHAPES[args.op]} bfloat16, 7 rounds, each a few interleaved calls per side; the interval "
                "is the distribution-free 95% interval of the median of the rounds' ratios (kernelloop.common.stats).",
+               "A first look whose median cleared the bar but whose interval did not was followed by 7 confirmation "
+               "rounds (CheckOptions.confirm) and judged on all 14 at the error the first look left: "
+               "`confirmation rounds run` counts those judgements.",
                "Candidate and baseline are the same source text in two sandboxed process pairs, so a lower bound "
                "above 1 is a difference between the processes, not between kernels; every acceptance is false.",
                "'judge wall clock' is the judge as it timed before (monkeypatched here for the comparison)."])

@@ -113,12 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         if gpus < 1:
             print(f"skipped: --device {device} and no GPU here")
             return 0
-    sources = candidate_stream((1 if args.rehearse else args.candidates) + 2)
-    sources, warmups = sources[:-2], sources[-2:]
+    pools = (1, 2) if device.interpreted else sorted({1, gpus})  # on cuda: one actor per GPU
+    streamed = 1 if args.rehearse else args.candidates
+    sources = candidate_stream(streamed + pools[-1])  # then a warm-up candidate per actor of the largest pool
+    sources, warmups = sources[:streamed], sources[streamed:]
     options = CheckOptions(device=device, registry=Path("/nonexistent-kernelloop-registry"), timing=args.timing,
                            dtypes=("float32",), seed=1, batch_invariance=False, timeout_s=600)
     results = {"local judge": judge_local(sources, warmups, options)}
-    pools = (1, 2) if device.interpreted else sorted({1, gpus})  # on cuda: one actor per GPU
     temp = Path(tempfile.mkdtemp(prefix="klray-", dir="/tmp"))  # Ray's socket paths must stay short
     try:
         keep_loopback()

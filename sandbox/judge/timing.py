@@ -59,6 +59,12 @@ def registry_baseline(spec: OpSpec, options: Any, registry: Registry, fingerprin
     return (source, entry.id) if sha256_text(source) == entry.sha256 else None
 
 
+def drop_timed_checks(v: Verdict) -> None:
+    """The verdict lists the battery's checks, not every timed call's (a timed call that fails the
+    candidate returns before this, and its check stays)."""
+    v.checks = [c for c in v.checks if not c.name.startswith(("timing round", "confirmation round"))]
+
+
 class ABTimer:
     def __init__(self, sandbox: Any) -> None:
         self.sandbox = sandbox  # a Sandbox: options, progress, fingerprint, run, spawn, checked_call
@@ -95,7 +101,7 @@ class ABTimer:
                         "rounds_planned": len(timing["rounds"]), "cut_during": run.phase,
                         "rounds_detail": [{"baseline_s": median(r["baseline"]), "candidate_s": median(r["candidate"])}
                                           for r in rounds]}
-            v.checks = [c for c in v.checks if not c.name.startswith("timing round")]
+            drop_timed_checks(v)
             return
         first_look = 0
         if self.has_time_to_confirm(timing, rounds, started) and judging.worth_confirming(rounds, options.min_gain):
@@ -106,7 +112,7 @@ class ABTimer:
             except wire.ChannelTimeout:  # the planned rounds were complete: judge them alone
                 del rounds[first_look:]
                 first_look = 0
-        v.checks = [c for c in v.checks if not c.name.startswith(("timing round", "confirmation round"))]
+        drop_timed_checks(v)
         mode = "replay, cuda events after an L2 flush" if not options.device.interpreted else \
             "replay, replayer's CPU time (cpu-interpreter)"
         dtype = parse_dtype(timing["dtype"])

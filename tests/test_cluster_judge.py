@@ -60,7 +60,8 @@ def six_jobs() -> list[ClusterJob]:
 def test_options_and_verdict_json_round_trip(tmp_path: Path) -> None:
     options = CheckOptions(device="cpu", registry=tmp_path / "reg", dtypes=("float32", "bfloat16"),
                            shapes=({"tokens": 3, "hidden": 64},), timing_shape={"tokens": 8, "hidden": 128},
-                           compile_for=("sm90",), seed=3, baseline=("def forward(): pass\n", "e1"))
+                           compile_for=("sm90",), seed=3, baseline=("def forward(): pass\n", "e1"),
+                           confirm=False)
     import json
 
     data = json.loads(json.dumps(options.to_json()))

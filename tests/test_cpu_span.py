@@ -34,6 +34,9 @@ def test_a_process_alive_before_the_span_is_charged_only_what_it_used_in_it() ->
     child = subprocess.Popen([sys.executable, "-c", SPIN.format(s=0.3) + "input()"], stdin=subprocess.PIPE)
     try:
         wait_for_cpu(child.pid, 0.25)
+        settled = None
+        while settled != (settled := _process_ticks(child.pid)):  # done spinning: waiting on input()
+            time.sleep(0.1)
         with CpuSpan(lambda pid, cmdline: "idle" if pid == child.pid else None) as span:
             subprocess.run([sys.executable, "-c", "pass"], check=True)
         assert span.shares()["idle"] * span.seconds < 0.05
